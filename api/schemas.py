@@ -1,0 +1,102 @@
+"""Wire schemas between wrappers and manager, shared by both sides.
+
+Rows travel as JSON objects (updates) or arrays in a declared column order (subqueries).
+Values are JSON scalars: integers, floats, strings, booleans and null.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scalar = Union[int, float, str, bool, None]
+
+MAX_CHANGES_PER_UPDATE = 100_000
+MAX_UPDATES_PER_POST = 1_000
+MAX_SUBQUERY_KEYS = 200_000
+
+
+class Change(BaseModel):
+    """One row inserted (+1) or deleted (-1) in one relation. An SQL UPDATE is -old, +new."""
+
+    model_config = ConfigDict(extra="forbid")
+    relation: str = Field(min_length=1, max_length=200, examples=["orders"])
+    sign: Literal[1, -1] = Field(examples=[1])
+    row: dict[str, Scalar] = Field(examples=[{"id": 7, "customer": 3, "amount": 12.5}])
+
+
+class Update(BaseModel):
+    """The changes of one committed source transaction (or of several consecutive ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1, description="gap-free, 1, 2, 3, … in shipping order", examples=[1])
+    changes: list[Change] = Field(max_length=MAX_CHANGES_PER_UPDATE)
+    txid: str | None = Field(default=None, description="source transaction id, where exposed")
+    captured_at: float | None = Field(default=None, description="unix time the wrapper captured it")
+
+
+class UpdateBatch(BaseModel):
+    """Several updates of one source in one message (Carnes: pack, ack, resend until acked)."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(min_length=1, max_length=100, examples=["shop"])
+    updates: list[Update] = Field(max_length=MAX_UPDATES_PER_POST)
+
+
+class Ack(BaseModel):
+    """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap."""
+
+    through: int
+    held: list[int] = []
+
+
+class Subquery(BaseModel):
+    """Join the distinct ``keys`` of a partial result with ``relation`` inside the source.
+
+    ``on`` reads key column j of the partial result as ``{"col": ["$key", "k<j>"]}`` and the
+    relation's columns as ``{"col": [alias, column]}``; ``where`` is the relation's local
+    predicate. Expressions use the JSON form of ``warehouse.expr``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    relation: str = Field(min_length=1, max_length=200)
+    alias: str = Field(min_length=1, max_length=200)
+    keys: list[list[Scalar]] = Field(max_length=MAX_SUBQUERY_KEYS)
+    on: dict[str, Any] | None = None
+    where: dict[str, Any] | None = None
+    select: list[str]
+
+
+class SubqueryAnswer(BaseModel):
+    """``rows`` are ``[key index, *selected values, count]``: the join as of ``watermark``,
+    which covers exactly the updates with seq <= watermark (DESIGN.md invariant 3)."""
+
+    watermark: int
+    rows: list[list[Any]]
+    elapsed_ms: float | None = None
+
+
+class RelationInterest(BaseModel):
+    """What the views need of one relation: a change is shipped only if some predicate in
+    ``where`` holds for it (``None`` in the list means: every row), projected to ``columns``."""
+
+    model_config = ConfigDict(extra="forbid")
+    columns: list[str]
+    where: list[dict[str, Any] | None]
+
+
+class Interest(BaseModel):
+    """The union of every view's needs, per relation (table name)."""
+
+    model_config = ConfigDict(extra="forbid")
+    relations: dict[str, RelationInterest]
+
+
+class InterestAck(BaseModel):
+    """Every update with seq > ``boundary`` is filtered and projected with the new interest."""
+
+    boundary: int
+
+
+KEY_RELATION = "$key"

@@ -1,0 +1,1 @@
+"""The ``pvm`` command: service entry points, the demo and the benchmarks."""

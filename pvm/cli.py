@@ -1,0 +1,60 @@
+"""The ``pvm`` command line.
+
+Each subcommand lives in its own module exposing ``configure(parser)`` and ``run(args) -> int``.
+Modules are imported only to build their parser; heavy imports (Spark, FastAPI) belong inside
+``run``. Errors the user can fix are raised as ``CliError`` and printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("pvm.serve", "run the manager (HTTP API, maintenance, view store)"),
+    "wrapper": ("wrappers.cli", "run, install or uninstall a source wrapper"),
+    "demo": ("pvm.demo", "the end-to-end demo on embedded SQLite sources, verified at the end"),
+}
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "pvm-vs-sweep": ("pvm.bench.pvm_vs_sweep", "total maintenance time T(p) against SWEEP (paper Fig. 21/23)"),
+    "diff": ("wrappers.differential.bench", "snapshot differential algorithms against reading both snapshots"),
+}
+
+
+class CliError(Exception):
+    """A problem with the user's input: printed as ``pvm: error: …``, exit status 2."""
+
+
+def _add(sub, name: str, module: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    mod = importlib.import_module(module)
+    mod.configure(parser)
+    parser.set_defaults(_module=module)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pvm", description="Parallel view maintenance for data warehouses.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        _add(sub, name, module, help_text)
+    bench = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
+    bench_sub = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, (module, help_text) in BENCHMARKS.items():
+        _add(bench_sub, name, module, help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except CliError as exc:
+        print(f"pvm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

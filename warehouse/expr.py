@@ -1,0 +1,386 @@
+"""The predicate language of view definitions: one small tree, three readings.
+
+A view's WHERE clause becomes a tree of the nodes below. The same tree is
+
+* evaluated in Python over rows (local compensation, filtering deltas, the test oracle),
+* rendered as parameterized SQL by the wrappers (``to_sqlalchemy``), literals always bound,
+* shipped between manager and wrappers as JSON (``to_wire`` / ``from_wire``).
+
+The Python reading follows SQL's three-valued logic: a comparison with NULL is unknown
+(``None``), ``AND``/``OR``/``NOT`` propagate unknown as SQL does, and a row passes a filter only
+when the predicate is ``True``. ``LIKE`` is case-sensitive everywhere (the wrappers configure
+their sources to match), so the manager and the sources agree on every row.
+
+>>> pred = And((Cmp(">", Col("r", "a"), Lit(1)), IsNull(Col("r", "b"), negated=True)))
+>>> fn = compile_predicate(pred, {Col("r", "a"): 0, Col("r", "b"): 1})
+>>> fn((2, "x")), fn((2, None)), fn((None, "x"))
+(True, False, None)
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+Scalar = Union[int, float, str, bool, None]
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of one relation of the view, named by the relation's alias."""
+
+    relation: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Lit:
+    value: Scalar
+
+
+@dataclass(frozen=True)
+class Arith:
+    op: str  # + - *
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Cmp:
+    op: str  # = <> < <= > >=
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class And:
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    arg: Expr
+
+
+@dataclass(frozen=True)
+class InList:
+    arg: Expr
+    values: tuple[Scalar, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class Between:
+    arg: Expr
+    low: Expr
+    high: Expr
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class IsNull:
+    arg: Expr
+    negated: bool = False
+
+
+@dataclass(frozen=True)
+class Like:
+    arg: Expr
+    pattern: str
+    negated: bool = False
+
+
+Expr = Union[Col, Lit, Arith, Cmp, And, Or, Not, InList, Between, IsNull, Like]
+
+TRUE = Lit(True)
+
+_CMP: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "<>": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+# -- structure ---------------------------------------------------------------------------
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, (Arith, Cmp)):
+        return (e.left, e.right)
+    if isinstance(e, (And, Or)):
+        return e.args
+    if isinstance(e, (Not, InList, IsNull, Like)):
+        return (e.arg,)
+    if isinstance(e, Between):
+        return (e.arg, e.low, e.high)
+    return ()
+
+
+def columns(e: Expr) -> set[Col]:
+    """Every column the expression reads."""
+    if isinstance(e, Col):
+        return {e}
+    out: set[Col] = set()
+    for child in children(e):
+        out |= columns(child)
+    return out
+
+
+def relations(e: Expr) -> set[str]:
+    return {c.relation for c in columns(e)}
+
+
+def conjuncts(e: Expr | None) -> list[Expr]:
+    """Split a predicate at its top-level ANDs."""
+    if e is None:
+        return []
+    if isinstance(e, And):
+        return [c for arg in e.args for c in conjuncts(arg)]
+    return [e]
+
+
+def conjoin(parts: list[Expr]) -> Expr | None:
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+# -- Python reading ----------------------------------------------------------------------
+def _and3(values: list[Any]) -> bool | None:
+    if any(v is False for v in values):
+        return False
+    return None if any(v is None for v in values) else True
+
+
+def _or3(values: list[Any]) -> bool | None:
+    if any(v is True for v in values):
+        return True
+    return None if any(v is None for v in values) else False
+
+
+def like_regex(pattern: str) -> re.Pattern[str]:
+    """SQL LIKE (``%`` any run, ``_`` one character, no escape) as an anchored regex."""
+    parts = [".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern]
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def compile_value(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], Any]:
+    """A function from a row to the value of ``e``; ``layout`` maps each column to its index."""
+    if isinstance(e, Col):
+        index = layout[e]
+        return lambda row: row[index]
+    if isinstance(e, Lit):
+        value = e.value
+        return lambda row: value
+    if isinstance(e, Arith):
+        op, left, right = _ARITH[e.op], compile_value(e.left, layout), compile_value(e.right, layout)
+
+        def arith(row: tuple) -> Any:
+            a, b = left(row), right(row)
+            if a is None or b is None:
+                return None
+            try:
+                return op(a, b)
+            except TypeError:
+                return None
+
+        return arith
+    return compile_predicate(e, layout)
+
+
+def compile_predicate(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], bool | None]:
+    """A function from a row to True, False or None (unknown), with SQL's NULL semantics."""
+    if isinstance(e, Cmp):
+        op, left, right = _CMP[e.op], compile_value(e.left, layout), compile_value(e.right, layout)
+
+        def cmp(row: tuple) -> bool | None:
+            a, b = left(row), right(row)
+            if a is None or b is None:
+                return None
+            try:
+                return op(a, b)
+            except TypeError:  # e.g. text against a number: unknown, never a crash
+                return None
+
+        return cmp
+    if isinstance(e, And):
+        fns = [compile_predicate(a, layout) for a in e.args]
+        return lambda row: _and3([f(row) for f in fns])
+    if isinstance(e, Or):
+        fns = [compile_predicate(a, layout) for a in e.args]
+        return lambda row: _or3([f(row) for f in fns])
+    if isinstance(e, Not):
+        inner = compile_predicate(e.arg, layout)
+
+        def negate(row: tuple) -> bool | None:
+            v = inner(row)
+            return None if v is None else not v
+
+        return negate
+    if isinstance(e, InList):
+        arg, values, negated = compile_value(e.arg, layout), e.values, e.negated
+        has_null = any(v is None for v in values)
+
+        def in_list(row: tuple) -> bool | None:
+            a = arg(row)
+            if a is None:
+                return None
+            if any(v is not None and a == v for v in values):
+                return not negated
+            return None if has_null else negated
+
+        return in_list
+    if isinstance(e, Between):
+        lo_hi = And((Cmp(">=", e.arg, e.low), Cmp("<=", e.arg, e.high)))
+        return compile_predicate(Not(lo_hi) if e.negated else lo_hi, layout)
+    if isinstance(e, IsNull):
+        arg, negated = compile_value(e.arg, layout), e.negated
+        return lambda row: (arg(row) is None) != negated
+    if isinstance(e, Like):
+        arg, regex, negated = compile_value(e.arg, layout), like_regex(e.pattern), e.negated
+
+        def like(row: tuple) -> bool | None:
+            a = arg(row)
+            if a is None:
+                return None
+            return (isinstance(a, str) and regex.fullmatch(a) is not None) != negated
+
+        return like
+    if isinstance(e, Lit):
+        value = e.value
+        return lambda row: None if value is None else bool(value)
+    if isinstance(e, Col):
+        fn = compile_value(e, layout)
+        return lambda row: None if fn(row) is None else bool(fn(row))
+    raise TypeError(f"not a predicate: {e!r}")
+
+
+def compile_filter(e: Expr | None, layout: Mapping[Col, int]) -> Callable[[tuple], bool]:
+    """A row filter: keeps rows where ``e`` is True (None means no predicate)."""
+    if e is None:
+        return lambda row: True
+    fn = compile_predicate(e, layout)
+    return lambda row: fn(row) is True
+
+
+# -- wire form ---------------------------------------------------------------------------
+def to_wire(e: Expr) -> dict[str, Any]:
+    if isinstance(e, Col):
+        return {"col": [e.relation, e.name]}
+    if isinstance(e, Lit):
+        return {"lit": e.value}
+    if isinstance(e, (Arith, Cmp)):
+        return {"op": e.op, "args": [to_wire(e.left), to_wire(e.right)]}
+    if isinstance(e, And):
+        return {"op": "and", "args": [to_wire(a) for a in e.args]}
+    if isinstance(e, Or):
+        return {"op": "or", "args": [to_wire(a) for a in e.args]}
+    if isinstance(e, Not):
+        return {"op": "not", "args": [to_wire(e.arg)]}
+    if isinstance(e, InList):
+        return {"op": "in", "args": [to_wire(e.arg)], "values": list(e.values), "negated": e.negated}
+    if isinstance(e, Between):
+        return {"op": "between", "args": [to_wire(e.arg), to_wire(e.low), to_wire(e.high)], "negated": e.negated}
+    if isinstance(e, IsNull):
+        return {"op": "is_null", "args": [to_wire(e.arg)], "negated": e.negated}
+    if isinstance(e, Like):
+        return {"op": "like", "args": [to_wire(e.arg)], "pattern": e.pattern, "negated": e.negated}
+    raise TypeError(f"not an expression: {e!r}")
+
+
+class WireError(ValueError):
+    """A shipped expression that is not well formed."""
+
+
+def from_wire(d: Any) -> Expr:
+    if not isinstance(d, dict):
+        raise WireError(f"expression must be an object, got {type(d).__name__}")
+    if "col" in d:
+        rel, name = d["col"]
+        return Col(str(rel), str(name))
+    if "lit" in d:
+        value = d["lit"]
+        if not isinstance(value, (int, float, str, bool, type(None))):
+            raise WireError(f"literal must be a scalar, got {type(value).__name__}")
+        return Lit(value)
+    op, args = d.get("op"), [from_wire(a) for a in d.get("args", [])]
+    negated = bool(d.get("negated", False))
+    if op in _ARITH and len(args) == 2:
+        return Arith(op, *args)
+    if op in _CMP and len(args) == 2:
+        return Cmp(op, *args)
+    if op == "and":
+        return And(tuple(args))
+    if op == "or":
+        return Or(tuple(args))
+    if op == "not" and len(args) == 1:
+        return Not(args[0])
+    if op == "in" and len(args) == 1:
+        return InList(args[0], tuple(d.get("values", [])), negated)
+    if op == "between" and len(args) == 3:
+        return Between(*args, negated=negated)
+    if op == "is_null" and len(args) == 1:
+        return IsNull(args[0], negated)
+    if op == "like" and len(args) == 1 and isinstance(d.get("pattern"), str):
+        return Like(args[0], d["pattern"], negated)
+    raise WireError(f"unknown or malformed expression operator {op!r}")
+
+
+# -- SQL reading (parameterized; used by the wrappers) -----------------------------------
+def to_sqlalchemy(e: Expr, resolve: Callable[[Col], Any]):
+    """Render ``e`` as a SQLAlchemy Core expression; every literal becomes a bound parameter.
+
+    ``resolve`` maps a column reference to a SQLAlchemy column of a table the wrapper has
+    reflected (it raises for names that are not in the source's schema).
+    """
+    import sqlalchemy as sa
+
+    def value(x: Expr):
+        if isinstance(x, Col):
+            return resolve(x)
+        if isinstance(x, Lit):
+            return sa.literal(x.value) if x.value is not None else sa.null()
+        if isinstance(x, Arith):
+            return _ARITH[x.op](value(x.left), value(x.right))
+        return pred(x)
+
+    def pred(x: Expr):
+        if isinstance(x, Cmp):
+            return _CMP[x.op](value(x.left), value(x.right))
+        if isinstance(x, And):
+            return sa.and_(*[pred(a) for a in x.args])
+        if isinstance(x, Or):
+            return sa.or_(*[pred(a) for a in x.args])
+        if isinstance(x, Not):
+            return sa.not_(pred(x.arg))
+        if isinstance(x, InList):
+            clause = value(x.arg).in_([sa.literal(v) for v in x.values if v is not None])
+            if any(v is None for v in x.values):  # SQL: x IN (…, NULL) is never false
+                clause = sa.or_(clause, sa.null())
+            return sa.not_(clause) if x.negated else clause
+        if isinstance(x, Between):
+            clause = value(x.arg).between(value(x.low), value(x.high))
+            return sa.not_(clause) if x.negated else clause
+        if isinstance(x, IsNull):
+            v = value(x.arg)
+            return v.is_not(None) if x.negated else v.is_(None)
+        if isinstance(x, Like):
+            v = value(x.arg)
+            return v.not_like(sa.literal(x.pattern)) if x.negated else v.like(sa.literal(x.pattern))
+        if isinstance(x, Lit):
+            return sa.true() if x.value else sa.false()
+        if isinstance(x, Col):
+            return resolve(x)
+        raise TypeError(f"not an expression: {x!r}")
+
+    return pred(e)

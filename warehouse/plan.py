@@ -1,0 +1,135 @@
+"""The select-project-join plan of a view and its SWEEP subquery sequences.
+
+A view is ``π_outputs σ_join (R_1 × … × R_n)`` with local predicates pushed to each R_i.
+Relations keep their FROM-clause positions 0..n-1. Every relation carries the columns the
+view needs from it (outputs, join and local predicate columns): those are the only columns
+shipped for it, in updates and in subquery answers (Garg: projections pushed to the sources).
+
+For a change of relation k, SWEEP joins the delta with the relations left of k from right to
+left, then with those right of k from left to right; relation k itself is never queried::
+
+    sweep_order(k=2, n=5) == [1, 0, 3, 4]
+
+Initial materialization starts from the unit Z-set ``{(): 1}`` and queries every relation,
+in FROM order. Each step joins the partial result with one relation under the join
+conjuncts whose relations are all present once that relation joins.
+
+>>> from warehouse.expr import Col, Cmp
+>>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
+>>> s = RelationRef("s", "s2", "s", ("b",), None)
+>>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "b"), Col("s", "b")),), (OutputColumn("a", Col("r", "a")),))
+>>> [step.relation for step in plan.sweep(1)]
+[0]
+>>> plan.sweep(1)[0].keys
+(Col(relation='s', name='b'),)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from warehouse.expr import Col, Expr, columns, conjoin, relations
+
+
+@dataclass(frozen=True)
+class RelationRef:
+    """One relation of the view: where it lives and what the view needs from it."""
+
+    alias: str
+    source: str
+    table: str
+    columns: tuple[str, ...]
+    where: Expr | None = None
+
+    def cols(self) -> tuple[Col, ...]:
+        return tuple(Col(self.alias, c) for c in self.columns)
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    name: str
+    column: Col
+
+
+@dataclass(frozen=True)
+class SweepStep:
+    """Join the partial result (``layout``) with relation ``relation`` under ``on``.
+
+    ``keys`` are the partial result's columns that ``on`` reads: only their distinct values
+    are shipped to the source. The step's result has layout ``layout + relation columns``.
+    """
+
+    relation: int
+    layout: tuple[Col, ...]
+    keys: tuple[Col, ...]
+    on: Expr | None
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    name: str
+    relations: tuple[RelationRef, ...]
+    join: tuple[Expr, ...]
+    outputs: tuple[OutputColumn, ...]
+    sql: str = field(default="", compare=False)
+
+    # -- lookups -----------------------------------------------------------------------
+    def position(self, source: str, table: str) -> int | None:
+        for i, r in enumerate(self.relations):
+            if r.source == source and r.table == table:
+                return i
+        return None
+
+    @cached_property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.source for r in self.relations))
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    # -- SWEEP ---------------------------------------------------------------------------
+    def sweep(self, changed: int | None) -> tuple[SweepStep, ...]:
+        """The subquery steps for a delta of relation ``changed`` (None: initial load)."""
+        return self._sweeps[changed]
+
+    @cached_property
+    def _sweeps(self) -> dict[int | None, tuple[SweepStep, ...]]:
+        n = len(self.relations)
+        out: dict[int | None, tuple[SweepStep, ...]] = {None: self._steps([], list(range(n)))}
+        for k in range(n):
+            out[k] = self._steps([k], sweep_order(k, n))
+        return out
+
+    def _steps(self, start: list[int], order: list[int]) -> tuple[SweepStep, ...]:
+        joined = {self.relations[i].alias for i in start}
+        layout: tuple[Col, ...] = tuple(c for i in start for c in self.relations[i].cols())
+        steps = []
+        for j in order:
+            alias = self.relations[j].alias
+            now = joined | {alias}
+            on = [c for c in self.join if alias in relations(c) and relations(c) <= now]
+            keys = tuple(c for c in layout if any(c in columns(p) for p in on))
+            steps.append(SweepStep(j, layout, keys, conjoin(on)))
+            joined = now
+            layout = layout + self.relations[j].cols()
+        return tuple(steps)
+
+    def final_layout(self, changed: int | None) -> tuple[Col, ...]:
+        steps = self.sweep(changed)
+        if not steps:  # a one-relation view
+            return self.relations[changed or 0].cols()
+        last = steps[-1]
+        return last.layout + self.relations[last.relation].cols()
+
+    def projection(self, changed: int | None):
+        """A function from a final partial row to the view's output row."""
+        layout = {c: i for i, c in enumerate(self.final_layout(changed))}
+        idx = [layout[o.column] for o in self.outputs]
+        return lambda row: tuple(row[i] for i in idx)
+
+
+def sweep_order(k: int, n: int) -> list[int]:
+    """SWEEP's subquery order for a change of relation k among n relations."""
+    return list(range(k - 1, -1, -1)) + list(range(k + 1, n))

@@ -1,0 +1,46 @@
+"""The view store interface: append signed effects, read sums of weights.
+
+A view's contents are the sum of its committed effects (Z-sets). Each effect carries the
+order number of the maintenance unit that produced it; effects may be committed in any
+order (they commute) and a read ``as_of=W`` sums the effects with order <= W. Committing an
+order that is already stored is a no-op, so a commit repeated after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from warehouse.zset import ZSet
+
+
+class StoreError(Exception):
+    """A request the store cannot serve (unknown view, an as_of already compacted, …)."""
+
+
+@dataclass(frozen=True)
+class Effect:
+    order: int
+    delta: ZSet
+
+
+class ViewStore(Protocol):
+    def create(self, view: str, columns: Sequence[str]) -> None:
+        """Create an empty view (idempotent for the same columns)."""
+
+    def drop(self, view: str) -> None: ...
+
+    def commit(self, view: str, effects: Sequence[Effect]) -> None:
+        """Append a group of effects in one write; orders already stored are skipped."""
+
+    def publish(self, view: str, watermark: int) -> None:
+        """Readers' default state is now ``as_of=watermark``."""
+
+    def read(self, view: str, as_of: int | None = None) -> ZSet:
+        """Summed signed weights of effects with order <= as_of (None: every effect)."""
+
+    def committed_orders(self, view: str) -> set[int]:
+        """Orders present in the store (for recovery after a crash)."""
+
+    def close(self) -> None: ...

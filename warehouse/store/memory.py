@@ -1,0 +1,67 @@
+"""An in-process view store: a list of effects per view. For tests and quick runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from warehouse.store.base import Effect, StoreError
+from warehouse.zset import ZSet
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._effects: dict[str, dict[int, ZSet]] = {}
+        self._columns: dict[str, tuple[str, ...]] = {}
+        self._published: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.commit_groups: list[int] = []  # sizes, for tests of grouping
+
+    def create(self, view: str, columns: Sequence[str]) -> None:
+        with self._lock:
+            if view in self._columns and self._columns[view] != tuple(columns):
+                raise StoreError(f"view {view!r} exists with other columns")
+            self._columns[view] = tuple(columns)
+            self._effects.setdefault(view, {})
+
+    def drop(self, view: str) -> None:
+        with self._lock:
+            self._columns.pop(view, None)
+            self._effects.pop(view, None)
+            self._published.pop(view, None)
+
+    def _view(self, view: str) -> dict[int, ZSet]:
+        try:
+            return self._effects[view]
+        except KeyError:
+            raise StoreError(f"unknown view {view!r}") from None
+
+    def commit(self, view: str, effects: Sequence[Effect]) -> None:
+        with self._lock:
+            stored = self._view(view)
+            for e in effects:
+                stored.setdefault(e.order, e.delta.copy())
+            self.commit_groups.append(len(effects))
+
+    def publish(self, view: str, watermark: int) -> None:
+        with self._lock:
+            self._view(view)
+            self._published[view] = watermark
+
+    def published(self, view: str) -> int:
+        return self._published.get(view, 0)
+
+    def read(self, view: str, as_of: int | None = None) -> ZSet:
+        with self._lock:
+            out = ZSet()
+            for order, delta in self._view(view).items():
+                if as_of is None or order <= as_of:
+                    out.add_all(delta)
+            return out
+
+    def committed_orders(self, view: str) -> set[int]:
+        with self._lock:
+            return set(self._view(view))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Source wrappers: capture committed changes, ship them in order, answer subqueries."""
