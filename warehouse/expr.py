@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 Scalar = Union[int, float, str, bool, None]
@@ -138,6 +138,25 @@ def columns(e: Expr) -> set[Col]:
 
 def relations(e: Expr) -> set[str]:
     return {c.relation for c in columns(e)}
+
+
+def substitute(e: Expr, mapping: Mapping[Col, Expr]) -> Expr:
+    """Replace columns by other expressions (e.g. partial-result columns by shipped keys)."""
+    if isinstance(e, Col):
+        return mapping.get(e, e)
+    if isinstance(e, Lit):
+        return e
+    if isinstance(e, (Arith, Cmp)):
+        return type(e)(e.op, substitute(e.left, mapping), substitute(e.right, mapping))
+    if isinstance(e, (And, Or)):
+        return type(e)(tuple(substitute(a, mapping) for a in e.args))
+    if isinstance(e, Not):
+        return Not(substitute(e.arg, mapping))
+    if isinstance(e, Between):
+        return Between(*(substitute(x, mapping) for x in (e.arg, e.low, e.high)), negated=e.negated)
+    if isinstance(e, (InList, IsNull, Like)):
+        return replace(e, arg=substitute(e.arg, mapping))
+    raise TypeError(f"not an expression: {e!r}")
 
 
 def conjuncts(e: Expr | None) -> list[Expr]:

@@ -1,0 +1,149 @@
+"""In-process sources for fast randomized schedules, and the first-principles oracle.
+
+``SimSource`` keeps the wrapper's contract (DESIGN.md invariant 3) without a database:
+committed transactions wait in an outbox, shipping assigns seq in shipping order and awaits
+the manager's acknowledgment, and a subquery ships everything committed, takes its snapshot
+and then evaluates the join on that snapshot while the source keeps changing. Random
+delays before the snapshot and during evaluation force maintenance-concurrent updates and
+out-of-order commits. The real wrappers are tested against the same oracle elsewhere.
+
+``recompute`` is the oracle: the view evaluated from scratch over given relation contents
+by nested loops, sharing nothing with the maintenance code but the predicate language.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from api.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
+from warehouse import expr
+from warehouse.plan import ViewPlan
+from warehouse.sources import TableSchema
+from warehouse.zset import ZSet
+
+
+@dataclass
+class Delays:
+    before_snapshot: float = 0.0
+    evaluation: float = 0.0
+    shipping: float = 0.0
+
+
+@dataclass
+class SimSource:
+    name: str
+    tables: dict[str, tuple[str, ...]]
+    rng: random.Random
+    delays: Delays = field(default_factory=Delays)
+    state: dict[str, ZSet] = field(default_factory=dict)
+    initial: dict[str, ZSet] = field(default_factory=dict)
+    outbox: list[list[tuple[str, int, tuple]]] = field(default_factory=list)
+    shipped: list[list[tuple[str, int, tuple]]] = field(default_factory=list)
+    receive: object = None  # async (source, [Update]) -> Ack, set once the manager exists
+
+    def __post_init__(self) -> None:
+        self._lock = asyncio.Lock()
+        for t in self.tables:
+            self.state.setdefault(t, ZSet())
+
+    def load(self, table: str, rows: Sequence[tuple]) -> None:
+        """Initial contents, present before any view exists."""
+        for row in rows:
+            self.state[table].add(tuple(row), 1)
+        self.initial = {t: z.copy() for t, z in self.state.items()}
+
+    # -- the source's own transactions -----------------------------------------------------
+    def commit(self, changes: list[tuple[str, int, tuple]]) -> None:
+        for table, sign, row in changes:
+            assert sign == 1 or self.state[table].weight(row) > 0, "deleting a missing row"
+            self.state[table].add(row, sign)
+        self.outbox.append(changes)
+
+    # -- SendUpdates ---------------------------------------------------------------------------
+    async def ship(self) -> None:
+        async with self._lock:
+            await self._ship_locked()
+
+    async def _ship_locked(self, table: str | None = None) -> ZSet | None:
+        """Ship what is committed; with ``table``, also return its snapshot taken at the same
+        instant as the outbox was drained (the wrapper's handshake: nothing committed in the
+        snapshot is left unshipped, nothing shipped is missing from it)."""
+        if self.delays.shipping and self.outbox:
+            await asyncio.sleep(self.rng.uniform(0, self.delays.shipping))
+        merged = [c for tx in self.outbox for c in tx]  # consecutive transactions: one update
+        self.outbox = []
+        snapshot = self.state[table].copy() if table is not None else None
+        if merged:
+            self.shipped.append(merged)
+            update = Update(
+                seq=len(self.shipped),
+                changes=[Change(relation=t, sign=s, row=dict(zip(self.tables[t], row))) for t, s, row in merged],
+            )
+            ack = await self.receive(self.name, [update])
+            assert ack.through == len(self.shipped), ack
+        return snapshot
+
+    # -- the wrapper contract ------------------------------------------------------------------
+    async def schema(self) -> dict[str, TableSchema]:
+        return {t: TableSchema(cols, ("INTEGER",) * len(cols), ()) for t, cols in self.tables.items()}
+
+    async def set_interest(self, interest: Interest) -> int:
+        async with self._lock:
+            await self._ship_locked()
+            return len(self.shipped)
+
+    async def subquery(self, q: Subquery) -> SubqueryAnswer:
+        if self.delays.before_snapshot:
+            await asyncio.sleep(self.rng.uniform(0, self.delays.before_snapshot))
+        async with self._lock:
+            snapshot = await self._ship_locked(q.relation)
+            watermark = len(self.shipped)
+        if self.delays.evaluation:
+            await asyncio.sleep(self.rng.uniform(0, self.delays.evaluation))
+        return SubqueryAnswer(watermark=watermark, rows=evaluate(q, self.tables[q.relation], snapshot))
+
+    async def aclose(self) -> None:
+        pass
+
+    def state_at(self, seq: int) -> dict[str, ZSet]:
+        """The contents after exactly the shipped updates 1..seq."""
+        out = {t: z.copy() for t, z in self.initial.items()}
+        for changes in self.shipped[:seq]:
+            for table, sign, row in changes:
+                out[table].add(row, sign)
+        return out
+
+
+def evaluate(q: Subquery, columns: tuple[str, ...], contents: ZSet) -> list[list]:
+    """What a source computes for a subquery, by brute force over its contents."""
+    key_cols = [expr.Col("$key", f"k{i}") for i in range(len(q.keys[0]) if q.keys else 0)]
+    rel_cols = [expr.Col(q.alias, c) for c in columns]
+    layout = {c: i for i, c in enumerate(key_cols + rel_cols)}
+    on = expr.compile_filter(expr.from_wire(q.on) if q.on else None, layout)
+    where = expr.compile_filter(expr.from_wire(q.where) if q.where else None, layout)
+    select = [columns.index(c) for c in q.select]
+    out = ZSet()
+    for k, key in enumerate(q.keys):
+        for row, weight in contents.items():
+            joined = tuple(key) + row
+            if where(joined) and on(joined):
+                out.add((k, *(row[i] for i in select)), weight)
+    return [[*row, w] for row, w in out.items()]
+
+
+def recompute(plan: ViewPlan, contents: dict[tuple[str, str], ZSet], columns: dict[tuple[str, str], tuple[str, ...]]) -> ZSet:
+    """The oracle: the view over the given relation contents, from first principles."""
+    layout: list[expr.Col] = []
+    combos = ZSet.unit()
+    for r in plan.relations:
+        table = contents[(r.source, r.table)]
+        layout += [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]
+        combos = ZSet((left + right, wl * wr) for left, wl in combos.items() for right, wr in table.items())
+    where = expr.conjoin([*(r.where for r in plan.relations if r.where is not None), *plan.join])
+    index = {c: i for i, c in enumerate(layout)}
+    keep = expr.compile_filter(where, index)
+    outputs = [index[o.column] for o in plan.outputs]
+    return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))

@@ -1,0 +1,251 @@
+"""Catalog access: plain synchronous SQLAlchemy, one short transaction per call.
+
+The manager calls these methods from a single worker thread (see ``Manager``), so writes to
+an embedded SQLite catalog never contend. Any SQLAlchemy URL works; the schema comes from
+the Alembic migrations, applied on open.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import create_engine, event, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+import migrations
+from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, UnitRow, ViewRow
+
+
+class CatalogError(Exception):
+    """A request that conflicts with the catalog (duplicate name, unknown name)."""
+
+
+@dataclass(frozen=True)
+class RelationInfo:
+    source: str
+    name: str
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    primary_key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    name: str
+    wrapper_url: str
+    capture: str
+    relations: dict[str, RelationInfo]
+
+
+@dataclass
+class ViewInfo:
+    name: str
+    sql: str
+    parallelism: int
+    batch_size: int
+    commit_mode: str
+    state: str
+    bases: dict[str, int]
+    watermark: int
+    error: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    id: int
+    source: str
+    seq: int
+    changes: list[dict[str, Any]]
+    captured_at: float | None
+    received_at: float
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    order: int
+    log_ids: tuple[int, ...]
+    committed: bool
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        cur = dbapi_connection.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+
+class Catalog:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = create_engine(url)
+        if self.engine.dialect.name == "sqlite":
+            _sqlite_pragmas(self.engine)
+        migrations.upgrade(url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- sources -------------------------------------------------------------------------
+    def add_source(self, name: str, wrapper_url: str, capture: str, relations: Sequence[RelationInfo]) -> None:
+        with Session(self.engine) as s, s.begin():
+            if s.get(SourceRow, name) is not None:
+                raise CatalogError(f"source {name!r} is already registered")
+            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time()))
+            s.flush()  # the relations reference it
+            for r in relations:
+                s.add(
+                    RelationRow(
+                        source=name,
+                        name=r.name,
+                        columns=list(r.columns),
+                        types=list(r.types),
+                        primary_key=list(r.primary_key),
+                    )
+                )
+
+    def sources(self) -> dict[str, SourceInfo]:
+        with Session(self.engine) as s:
+            rels: dict[str, dict[str, RelationInfo]] = {}
+            for r in s.scalars(select(RelationRow)):
+                info = RelationInfo(r.source, r.name, tuple(r.columns), tuple(r.types), tuple(r.primary_key))
+                rels.setdefault(r.source, {})[r.name] = info
+            return {
+                row.name: SourceInfo(row.name, row.wrapper_url, row.capture, rels.get(row.name, {}))
+                for row in s.scalars(select(SourceRow))
+            }
+
+    def remove_source(self, name: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(SourceRow, name)
+            if row is None:
+                raise CatalogError(f"unknown source {name!r}")
+            for r in s.scalars(select(RelationRow).where(RelationRow.source == name)):
+                s.delete(r)
+            s.delete(row)
+
+    # -- views ---------------------------------------------------------------------------
+    def add_view(self, view: ViewInfo) -> None:
+        with Session(self.engine) as s, s.begin():
+            if s.get(ViewRow, view.name) is not None:
+                raise CatalogError(f"view {view.name!r} already exists")
+            s.add(ViewRow(**view.__dict__))
+            s.flush()
+
+    def update_view(self, name: str, **fields: Any) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.execute(update(ViewRow).where(ViewRow.name == name).values(**fields))
+
+    def views(self) -> dict[str, ViewInfo]:
+        with Session(self.engine) as s:
+            return {
+                v.name: ViewInfo(
+                    v.name, v.sql, v.parallelism, v.batch_size, v.commit_mode, v.state,
+                    dict(v.bases), v.watermark, v.error, v.created_at,
+                )
+                for v in s.scalars(select(ViewRow))
+            }
+
+    def drop_view(self, name: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            for u in s.scalars(select(UnitRow).where(UnitRow.view == name)):
+                s.delete(u)
+            row = s.get(ViewRow, name)
+            if row is None:
+                raise CatalogError(f"unknown view {name!r}")
+            s.delete(row)
+
+    # -- the update log ------------------------------------------------------------------
+    def append_updates(self, source: str, updates: Iterable[tuple[int, list[dict], str | None, float | None]]) -> list[LogEntry]:
+        """Store updates not stored yet (idempotent on (source, seq)); returns the new entries."""
+        now = time.time()
+        added: list[LogEntry] = []
+        with Session(self.engine) as s, s.begin():
+            wanted = {seq: (changes, txid, cap) for seq, changes, txid, cap in updates}
+            present = set(
+                s.scalars(select(LogRow.seq).where(LogRow.source == source, LogRow.seq.in_(list(wanted))))
+            )
+            rows = []
+            for seq in sorted(wanted):
+                if seq in present:
+                    continue
+                changes, txid, cap = wanted[seq]
+                row = LogRow(source=source, seq=seq, changes=changes, txid=txid, captured_at=cap, received_at=now)
+                s.add(row)
+                rows.append(row)
+            s.flush()
+            added = [LogEntry(r.id, source, r.seq, r.changes, r.captured_at, r.received_at) for r in rows]
+        return added
+
+    def log_entries(self, source: str | None = None, after_seq: int = 0, ids: Sequence[int] | None = None) -> list[LogEntry]:
+        with Session(self.engine) as s:
+            q = select(LogRow)
+            if source is not None:
+                q = q.where(LogRow.source == source, LogRow.seq > after_seq)
+            if ids is not None:
+                q = q.where(LogRow.id.in_(list(ids)))
+            q = q.order_by(LogRow.source, LogRow.seq)
+            return [LogEntry(r.id, r.source, r.seq, r.changes, r.captured_at, r.received_at) for r in s.scalars(q)]
+
+    def held_seqs(self, source: str) -> list[int]:
+        """Every stored seq of a source, ascending (the receiver derives gaps from it)."""
+        with Session(self.engine) as s:
+            return list(s.scalars(select(LogRow.seq).where(LogRow.source == source).order_by(LogRow.seq)))
+
+    # -- maintenance units ---------------------------------------------------------------
+    def start_unit(self, view: str, order: int, log_ids: Sequence[int]) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.add(UnitRow(view=view, order_no=order, log_ids=list(log_ids), committed=False, started_at=time.time()))
+
+    def commit_units(self, view: str, orders: Sequence[int], watermark: int) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                update(UnitRow)
+                .where(UnitRow.view == view, UnitRow.order_no.in_(list(orders)))
+                .values(committed=True, committed_at=time.time())
+            )
+            s.execute(update(ViewRow).where(ViewRow.name == view).values(watermark=watermark))
+
+    def units(self, view: str) -> list[UnitInfo]:
+        with Session(self.engine) as s:
+            q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
+            return [UnitInfo(u.order_no, tuple(u.log_ids), u.committed) for u in s.scalars(q)]
+
+    # -- view store metadata (implements the store's metadata protocol) -------------------
+    def load_store_record(self, view: str) -> dict[str, Any] | None:
+        with Session(self.engine) as s:
+            row = s.get(StoreTableRow, view)
+            return dict(row.record) if row else None
+
+    def save_store_record(self, view: str, record: dict[str, Any]) -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(StoreTableRow, view)
+            if row is None:
+                s.add(StoreTableRow(view=view, record=record))
+            else:
+                row.record = record
+
+    def delete_store_record(self, view: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(StoreTableRow, view)
+            if row is not None:
+                s.delete(row)
+
+    def store_records(self) -> dict[str, dict[str, Any]]:
+        with Session(self.engine) as s:
+            return {r.view: dict(r.record) for r in s.scalars(select(StoreTableRow))}
+
+
+__all__ = [
+    "Catalog", "CatalogError", "IntegrityError", "LogEntry", "RelationInfo",
+    "SourceInfo", "UnitInfo", "ViewInfo",
+]

@@ -1,0 +1,78 @@
+"""SQLAlchemy models of the catalog. The schema is created and evolved by Alembic
+(``migrations/``); these models must match the newest migration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SourceRow(Base):
+    __tablename__ = "sources"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    wrapper_url: Mapped[str] = mapped_column(String(500))
+    capture: Mapped[str] = mapped_column(String(50), default="trigger")
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class RelationRow(Base):
+    __tablename__ = "relations"
+    source: Mapped[str] = mapped_column(ForeignKey("sources.name", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    columns: Mapped[list[str]] = mapped_column(JSON)
+    types: Mapped[list[str]] = mapped_column(JSON)
+    primary_key: Mapped[list[str]] = mapped_column(JSON)
+
+
+class ViewRow(Base):
+    __tablename__ = "views"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sql: Mapped[str] = mapped_column(Text)
+    parallelism: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)
+    commit_mode: Mapped[str] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20))
+    bases: Mapped[dict[str, int]] = mapped_column(JSON)  # source -> last seq before the view
+    watermark: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class LogRow(Base):
+    """The durable update message queue: every accepted source update, once."""
+
+    __tablename__ = "update_log"
+    __table_args__ = (UniqueConstraint("source", "seq", name="uq_update_log_source_seq"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(100), index=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    changes: Mapped[list[Any]] = mapped_column(JSON)
+    txid: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    captured_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    received_at: Mapped[float] = mapped_column(Float)
+
+
+class UnitRow(Base):
+    """A maintenance unit of a view: its order number and the log entries it maintains."""
+
+    __tablename__ = "units"
+    view: Mapped[str] = mapped_column(ForeignKey("views.name", ondelete="CASCADE"), primary_key=True)
+    order_no: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    log_ids: Mapped[list[int]] = mapped_column(JSON)  # empty list: the initial load
+    committed: Mapped[bool] = mapped_column(default=False)
+    started_at: Mapped[float] = mapped_column(Float)
+    committed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class StoreTableRow(Base):
+    """Where a view store keeps a view (table locations, compaction state)."""
+
+    __tablename__ = "store_tables"
+    view: Mapped[str] = mapped_column(String(64), primary_key=True)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)

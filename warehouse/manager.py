@@ -1,0 +1,347 @@
+"""The manager: sources, views, the receiver and one maintainer per view, wired together.
+
+Everything runs on one asyncio loop; catalog calls run on one dedicated thread (``db``) so
+an embedded SQLite catalog never sees concurrent writers, and view store calls run in
+worker threads (Spark jobs take their time). The HTTP API (``api/manager_app.py``) and the
+tests drive this object directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from api.schemas import Ack, Interest, RelationInterest, Update
+from warehouse import expr
+from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
+from warehouse.deltas import DeltaExtractor
+from warehouse.maintainer import COMMIT_MODES, ViewMaintainer, ViewSettings
+from warehouse.plan import ViewPlan
+from warehouse.protocol import Switches, Unit, ViewProtocol
+from warehouse.receiver import Receiver
+from warehouse.sources import HttpSourceClient, SourceClient
+from warehouse.sql_views import ViewDefinitionError, parse_view
+from warehouse.store import StoreError, ViewStore
+from warehouse.zset import ZSet
+
+Connect = Callable[[str, str], SourceClient]
+
+
+class ManagerError(ValueError):
+    """A request the manager refuses; ``status`` is the HTTP status the API answers with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ViewHandle:
+    info: ViewInfo
+    plan: ViewPlan
+    extractor: DeltaExtractor
+    maintainer: ViewMaintainer
+    bases: dict[str, int] | None  # None while the view is being defined: route everything
+
+
+class Manager:
+    def __init__(
+        self,
+        catalog_url: str,
+        store: ViewStore,
+        connect: Connect | None = None,
+        switches: Switches | None = None,
+        commit_group_size: int = 1000,
+        commit_linger: float = 0.0,
+    ) -> None:
+        self.catalog_url = catalog_url
+        self.store = store
+        self.connect = connect or (lambda name, url: HttpSourceClient(name, url))
+        self.switches = switches or Switches()
+        self.commit_group_size = commit_group_size
+        self.commit_linger = commit_linger
+        self.catalog: Catalog | None = None
+        self.clients: dict[str, SourceClient] = {}
+        self.relations: dict[str, dict[str, RelationInfo]] = {}
+        self.wrapper_urls: dict[str, str] = {}
+        self.views: dict[str, ViewHandle] = {}
+        self.receiver = Receiver(self.db, self._release, self._receiver_schema)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="catalog")
+        self._define_lock = asyncio.Lock()
+
+    # -- plumbing -----------------------------------------------------------------------------
+    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        assert self.catalog is not None
+        fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url)
+        for name, info in (await self.db("sources")).items():
+            self._register_source(name, info.wrapper_url, info.relations)
+            self.receiver.recover(name, await self.db("log_entries", name, 0))
+        for info in (await self.db("views")).values():
+            await self._recover_view(info)
+        for source in self.clients:
+            await self._push_interest(source)
+
+    async def stop(self) -> None:
+        for handle in self.views.values():
+            await handle.maintainer.stop()
+        for client in self.clients.values():
+            await client.aclose()
+        if self.catalog is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.catalog.close)
+        self._executor.shutdown(wait=True)
+
+    # -- sources ----------------------------------------------------------------------------
+    async def add_source(self, name: str, wrapper_url: str, capture: str = "trigger", tables: list[str] | None = None) -> dict[str, RelationInfo]:
+        if not _identifier(name):
+            raise ManagerError(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
+        if name in self.clients:
+            raise ManagerError(f"source {name!r} is already registered", 409)
+        client = self.connect(name, wrapper_url)
+        try:
+            schema = await client.schema()
+        except Exception as exc:
+            await client.aclose()
+            raise ManagerError(f"could not read the schema of source {name!r} at {wrapper_url}: {exc}", 502) from exc
+        unknown = sorted(set(tables or ()) - set(schema))
+        if unknown:
+            await client.aclose()
+            raise ManagerError(f"source {name!r} has no captured table(s) {', '.join(unknown)}", 422)
+        relations = {
+            t: RelationInfo(name, t, s.columns, s.types, s.primary_key)
+            for t, s in schema.items()
+            if tables is None or t in tables
+        }
+        await self.db("add_source", name, wrapper_url, capture, list(relations.values()))
+        self.clients[name] = client
+        self.relations[name] = relations
+        self.wrapper_urls[name] = wrapper_url
+        self.receiver.recover(name, [])
+        return relations
+
+    def _register_source(self, name: str, url: str, relations: dict[str, RelationInfo]) -> None:
+        self.clients[name] = self.connect(name, url)
+        self.relations[name] = relations
+        self.wrapper_urls[name] = url
+
+    def _schema(self, source: str, table: str):
+        rel = self.relations.get(source, {}).get(table)
+        return None if rel is None else rel.columns
+
+    def _receiver_schema(self, source: str, seq: int):
+        """Columns of each relation, and those a view maintaining update ``seq`` needs."""
+        if source not in self.relations:
+            return None
+        out = {}
+        for table, rel in self.relations[source].items():
+            needed: set[str] = set()
+            for handle in self.views.values():
+                if handle.bases is not None and seq > handle.bases.get(source, 0):
+                    needed.update(handle.extractor.needed_columns(source, table))
+            out[table] = (rel.columns, needed)
+        return out
+
+    # -- views ------------------------------------------------------------------------------
+    async def define_view(
+        self,
+        sql: str,
+        name: str | None = None,
+        parallelism: int = 4,
+        batch_size: int = 1,
+        commit_mode: str = "out_of_order",
+    ) -> ViewInfo:
+        if not 1 <= parallelism <= 256:
+            raise ManagerError("parallelism must be between 1 and 256", 422)
+        if not 1 <= batch_size <= 10_000:
+            raise ManagerError("batch_size must be between 1 and 10000", 422)
+        if commit_mode not in COMMIT_MODES:
+            raise ManagerError(f"commit_mode must be one of {', '.join(COMMIT_MODES)}", 422)
+        try:
+            plan = parse_view(sql, self._schema, name)
+        except ViewDefinitionError as exc:
+            raise ManagerError(str(exc), 422) from exc
+        async with self._define_lock:
+            if plan.name in self.views:
+                raise ManagerError(f"view {plan.name!r} already exists", 409)
+            info = ViewInfo(plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time())
+            handle = self._new_handle(info, plan, ViewProtocol(parallelism, batch_size, switches=self.switches))
+            self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
+            try:
+                bases = {s: await self._push_interest(s) for s in plan.sources}
+                info.bases = bases
+                await self.db("add_view", info)
+                await asyncio.to_thread(self.store.create, plan.name, plan.output_names)
+            except BaseException:
+                del self.views[plan.name]
+                raise
+            handle.bases = bases
+            umq = handle.maintainer.protocol.umq
+            kept = [u for u in umq if u.seq > bases[u.source]]
+            umq.clear()
+            umq.extend(kept)
+            handle.maintainer.start()
+            await handle.maintainer.begin_initial_load()
+            return info
+
+    async def drop_view(self, name: str) -> None:
+        handle = self._handle(name)
+        await handle.maintainer.stop()
+        del self.views[name]
+        await self.db("drop_view", name)
+        await asyncio.to_thread(self.store.drop, name)
+        for source in handle.plan.sources:
+            await self._push_interest(source)
+
+    def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
+        settings = ViewSettings(info.parallelism, info.batch_size, info.commit_mode, self.commit_group_size, self.commit_linger)
+        maintainer = ViewMaintainer(info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state)
+        return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
+
+    async def _set_state(self, view: str, state: str, error: str | None) -> None:
+        handle = self.views.get(view)
+        if handle is None:
+            return
+        handle.info.state, handle.info.error = state, error
+        await self.db("update_view", view, state=state, error=error)
+
+    async def _recover_view(self, info: ViewInfo) -> None:
+        """Rebuild a view's protocol state from the catalog after a restart."""
+        plan = parse_view(info.sql, self._schema, info.name)
+        protocol = ViewProtocol(info.parallelism, info.batch_size, switches=self.switches)
+        handle = self._new_handle(info, plan, protocol)
+        handle.bases = info.bases
+        units = await self.db("units", info.name)
+        committed = {u.order for u in units if u.committed}
+        protocol.mark_committed(committed)
+        entries = {e.id: e for s in plan.sources for e in await self.db("log_entries", s, info.bases.get(s, 0))}
+        in_units = {i for u in units for i in u.log_ids}
+        pending = [u for u in units if not u.committed]
+        oldest = min((u.order for u in pending), default=None)
+        rebuilt: list[Unit] = []
+        for u in units:
+            updates = tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None)
+            unit = Unit(u.order, updates, initial=not u.log_ids)
+            if u.committed:
+                if oldest is not None and u.order > oldest:
+                    protocol.retain(unit)
+                protocol.next_order = max(protocol.next_order, u.order + 1)
+            else:
+                rebuilt.append(unit)
+        for entry in sorted(entries.values(), key=lambda e: e.id):
+            if entry.id not in in_units and (v := handle.extractor(entry)) is not None:
+                protocol.receive(v)
+        self.views[info.name] = handle
+        handle.maintainer.start()
+        for unit in rebuilt:
+            handle.maintainer.resume_unit(unit)
+
+    def _handle(self, name: str) -> ViewHandle:
+        handle = self.views.get(name)
+        if handle is None:
+            raise ManagerError(f"unknown view {name!r}", 404)
+        return handle
+
+    # -- interest: what the wrappers must ship -----------------------------------------------------
+    def interest(self, source: str) -> Interest:
+        relations: dict[str, RelationInterest] = {}
+        for handle in self.views.values():
+            for r in handle.plan.relations:
+                if r.source != source:
+                    continue
+                entry = relations.setdefault(r.table, RelationInterest(columns=[], where=[]))
+                entry.columns = sorted(set(entry.columns) | set(r.columns))
+                entry.where.append(expr.to_wire(_as_table(r.where, r.alias, r.table)) if r.where is not None else None)
+        for entry in relations.values():
+            if None in entry.where:
+                entry.where = [None]
+        return Interest(relations=relations)
+
+    async def _push_interest(self, source: str) -> int:
+        return await self.clients[source].set_interest(self.interest(source))
+
+    # -- updates ------------------------------------------------------------------------------------
+    async def receive(self, source: str, updates: list[Update]) -> Ack:
+        return await self.receiver.receive(source, updates)
+
+    def _release(self, entry: LogEntry) -> None:
+        for handle in self.views.values():
+            if entry.source not in handle.plan.sources:
+                continue
+            if handle.bases is not None and entry.seq <= handle.bases.get(entry.source, 0):
+                continue
+            if handle.bases is None and not handle.extractor.complete(entry):
+                continue  # shipped under the previous interest: before the view's boundary
+            update = handle.extractor(entry)
+            if update is not None:
+                handle.maintainer.receive(update)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def watermark(self, name: str) -> int:
+        return self._handle(name).maintainer.protocol.watermark
+
+    def read(self, name: str, as_of: int | None = None, latest: bool = False) -> ZSet:
+        """The view's signed weights as of W (default), a given order, or every commit."""
+        handle = self._handle(name)
+        if as_of is not None and as_of > handle.maintainer.protocol.watermark:
+            raise ManagerError(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422)
+        try:
+            return self.store.read(name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of))
+        except StoreError as exc:
+            raise ManagerError(str(exc), 422) from exc
+
+    def status(self, name: str) -> dict[str, Any]:
+        handle = self._handle(name)
+        m = handle.maintainer
+        c = m.counters
+        now = time.time()
+        oldest = min((u.received_at or now for u in m.protocol.umq), default=None)
+        return {
+            "name": name,
+            "state": handle.info.state,
+            "error": handle.info.error,
+            "sql": handle.info.sql,
+            "parallelism": handle.info.parallelism,
+            "batch_size": handle.info.batch_size,
+            "commit_mode": handle.info.commit_mode,
+            "watermark": m.protocol.watermark,
+            "paused": m.paused,
+            "updates_queued": len(m.protocol.umq),
+            "units_running": len(m.protocol.ppu),
+            "units_retained": len(m.protocol.rpu),
+            "lag_seconds": 0.0 if oldest is None else round(now - oldest, 3),
+            "counters": {
+                "updates_received": c.updates_received,
+                "units_started": c.units_started,
+                "units_maintained": c.units_maintained,
+                "units_committed": c.units_committed,
+                "subqueries": c.subqueries,
+                "compensations": c.compensations,
+                "commit_groups": len(c.commit_groups),
+            },
+        }
+
+    async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
+        await asyncio.wait_for(self._handle(name).maintainer.wait_idle(), timeout)
+
+
+def _identifier(name: str) -> bool:
+    return bool(name) and len(name) <= 64 and (name[0].isalpha() or name[0] == "_") and all(
+        ch.isalnum() or ch == "_" for ch in name
+    ) and name.isascii()
+
+
+def _as_table(e: expr.Expr, alias: str, table: str) -> expr.Expr:
+    """Wrappers know relations by table name, views by alias: rename for the interest."""
+    return expr.substitute(e, {c: expr.Col(table, c.name) for c in expr.columns(e) if c.relation == alias})
+
+
+__all__ = ["CatalogError", "Manager", "ManagerError"]

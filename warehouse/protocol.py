@@ -1,0 +1,196 @@
+"""The PVM protocol of one view: order numbers, UMQ/PPU/RPU, compensation, retention, W.
+
+This module is the paper's DataWarehouse module (Zhang, Ding, Rundensteiner, Fig. 14),
+restated with order numbers and source watermarks instead of arrival timestamps and a FIFO
+network. It does no I/O and never awaits: the caller (``ViewChange``) asks it what to
+compensate when an answer arrives, and the answer is decided by the state at that instant.
+
+* **UMQ** (update message queue): updates received for the view, not yet maintained. They
+  have no order number and count as later than every numbered unit.
+* **PPU** (parallel processing updates): units being maintained, at most ``parallelism``.
+  ``start`` moves the front of the UMQ into the PPU and gives it the next order number; a
+  unit is one update, or a batch of queued updates of one source (Park's token sets).
+* **RPU** (related processed updates): maintained units kept while a unit with a smaller
+  order number is still in the PPU, because that unit may still receive answers reflecting
+  them (the paper's Definition 1 and 2, Lemma 3).
+* **Compensation** (isConcurrent): an answer from source ``s`` with watermark ``w`` to a
+  subquery on relation position ``j``, issued by term ``k`` of unit ``u``, reflects every
+  update of ``s`` with ``seq <= w``. Subtract ``partial ⋈ ΔR_j`` for each such update whose
+  delta is ordered after the term: ``(order, j) > (u.order, k)``, or still queued.
+  Comparing (order, position) pairs is Garg's chain rule for a unit that changes several
+  relations: its own later relations are subtracted, its earlier ones kept.
+* **Watermark W**: the largest order such that every order <= W is committed.
+
+>>> from warehouse.zset import ZSet
+>>> p = ViewProtocol(parallelism=2)
+>>> p.receive(ViewUpdate(1, "s1", 1, {0: ZSet({(1,): 1})}))
+>>> p.receive(ViewUpdate(2, "s2", 1, {1: ZSet({(2,): 1})}))
+>>> u1, u2 = p.start(), p.start()
+>>> (u1.order, u2.order)
+(1, 2)
+>>> len(p.concurrent_deltas(u1, 0, position=1, source="s2", watermark=1))  # u2 is later
+1
+>>> len(p.concurrent_deltas(u2, 1, position=0, source="s1", watermark=1))  # u1 is earlier
+0
+>>> p.finish(u2); sorted(p.rpu)  # kept: u1 (earlier) still running
+[2]
+>>> p.finish(u1); sorted(p.rpu)  # nothing earlier runs any more
+[]
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from warehouse.zset import ZSet
+
+INITIAL_TERM = -1
+"""The term of the initial load: it reads every relation, so every update ordered after
+the load is subtracted from its answers."""
+
+
+@dataclass(frozen=True)
+class ViewUpdate:
+    """A source update as one view sees it: its non-empty deltas by relation position,
+    already filtered by the local predicates and projected to the columns the view needs."""
+
+    log_id: int
+    source: str
+    seq: int
+    deltas: dict[int, ZSet]
+    captured_at: float | None = None
+    received_at: float | None = None
+
+
+@dataclass
+class Unit:
+    """What one ViewChange maintains: one update, a batch of one source's updates, or the
+    initial load (no updates; every relation is queried)."""
+
+    order: int
+    updates: tuple[ViewUpdate, ...]
+    initial: bool = False
+
+    def delta(self, position: int) -> ZSet:
+        out = ZSet()
+        for u in self.updates:
+            if position in u.deltas:
+                out.add_all(u.deltas[position])
+        return out
+
+    def terms(self) -> list[int]:
+        """The chain-rule terms: the initial load, or each changed relation in plan order."""
+        if self.initial:
+            return [INITIAL_TERM]
+        return sorted({p for u in self.updates for p in u.deltas if u.deltas[p]})
+
+
+@dataclass
+class Switches:
+    """Test-only switches that break the algorithm on purpose; the oracle must notice."""
+
+    compensation: bool = True
+    retention: bool = True
+
+
+@dataclass
+class ViewProtocol:
+    parallelism: int
+    batch_size: int = 1
+    next_order: int = 1
+    switches: Switches = field(default_factory=Switches)
+    umq: deque[ViewUpdate] = field(default_factory=deque)
+    ppu: dict[int, Unit] = field(default_factory=dict)
+    rpu: dict[int, Unit] = field(default_factory=dict)
+    committed: set[int] = field(default_factory=set)
+    watermark: int = 0
+
+    # -- AssignTimeStamp: an update arrives ----------------------------------------------
+    def receive(self, update: ViewUpdate) -> None:
+        self.umq.append(update)
+
+    # -- MaintenanceManager: UMQ -> PPU ----------------------------------------------------
+    def can_start(self) -> bool:
+        return bool(self.umq) and len(self.ppu) < self.parallelism
+
+    def start(self) -> Unit:
+        """Move the front of the UMQ (and up to batch_size-1 more queued updates of the same
+        source, keeping that source's order) into the PPU with the next order number."""
+        first = self.umq.popleft()
+        batch = [first]
+        if self.batch_size > 1:
+            rest: deque[ViewUpdate] = deque()
+            while self.umq and len(batch) < self.batch_size:
+                u = self.umq.popleft()
+                (batch if u.source == first.source else rest).append(u)
+            rest.extend(self.umq)
+            self.umq = rest
+        return self._number(Unit(self.next_order, tuple(batch)))
+
+    def start_initial(self) -> Unit:
+        return self._number(Unit(self.next_order, (), initial=True))
+
+    def resume(self, unit: Unit) -> None:
+        """Put a unit that was started before a restart back in the PPU, same order number."""
+        self.ppu[unit.order] = unit
+        self.next_order = max(self.next_order, unit.order + 1)
+
+    def _number(self, unit: Unit) -> Unit:
+        self.next_order += 1
+        self.ppu[unit.order] = unit
+        return unit
+
+    # -- isConcurrent: what an answer must have subtracted ---------------------------------
+    def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
+        """Deltas of relation ``position`` that an answer from ``source`` with ``watermark``
+        reflects but that are ordered after term ``term`` of ``unit``."""
+        if not self.switches.compensation:
+            return []
+        mine = (unit.order, term)
+        later = [u for v in self._numbered() if (v.order, position) > mine for u in v.updates]
+        later.extend(self.umq)  # queued: later than every numbered unit
+        return [
+            u.deltas[position]
+            for u in later
+            if u.source == source and u.seq <= watermark and position in u.deltas
+        ]
+
+    def _numbered(self) -> Iterator[Unit]:
+        yield from self.ppu.values()
+        yield from self.rpu.values()
+
+    # -- ViewChange done: PPU -> RPU, clean up the RPU -------------------------------------
+    def finish(self, unit: Unit) -> None:
+        del self.ppu[unit.order]
+        if self.switches.retention:
+            self.rpu[unit.order] = unit
+        self._clean_rpu()
+
+    def retain(self, unit: Unit) -> None:
+        """Put a unit finished before a restart into the RPU (recovery)."""
+        self.rpu[unit.order] = unit
+        self.next_order = max(self.next_order, unit.order + 1)
+
+    def _clean_rpu(self) -> None:
+        """Definition 2: a processed unit is unrelated once no unit with a smaller order
+        number is still running; nothing can need it for compensation any more."""
+        oldest_running = min(self.ppu, default=None)
+        for order in [o for o in self.rpu if oldest_running is None or o < oldest_running]:
+            del self.rpu[order]
+
+    # -- CommitManager: W -------------------------------------------------------------------
+    def mark_committed(self, orders: Iterable[int]) -> int:
+        """Record committed orders; return the new visibility watermark W."""
+        self.committed.update(orders)
+        while self.watermark + 1 in self.committed:
+            self.watermark += 1
+            self.committed.discard(self.watermark)
+        return self.watermark
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def quiet(self) -> bool:
+        """Nothing queued or running (the paper's quiet warehouse state)."""
+        return not self.umq and not self.ppu

@@ -1,0 +1,89 @@
+"""ViewChange: compute the effect of one maintenance unit with SWEEP and local compensation.
+
+For every chain-rule term of the unit (a changed relation, or the initial load) the partial
+result starts as the relation's delta and is joined with the other relations one subquery
+at a time in SWEEP order. When an answer arrives, the protocol names the updates it
+reflects that are ordered after this term; ``partial ⋈ ΔR`` of each is subtracted
+(ProcessSubQuery in the paper's Fig. 14). Terms of one unit run concurrently: each one's
+compensation is exact on its own, so their sum is the unit's effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from api.schemas import KEY_RELATION, Subquery, SubqueryAnswer
+from warehouse import expr
+from warehouse.join import distinct_keys, extend, local_join
+from warehouse.plan import SweepStep, ViewPlan
+from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
+from warehouse.sources import SourceClient, SourceError
+from warehouse.zset import ZSet, total
+
+
+@dataclass
+class ChangeStats:
+    """What maintaining one unit cost; summed into the view's counters."""
+
+    subqueries: int = 0
+    compensations: int = 0
+    subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
+
+
+class ViewChange:
+    def __init__(self, plan: ViewPlan, protocol: ViewProtocol, sources: Mapping[str, SourceClient]) -> None:
+        self.plan = plan
+        self.protocol = protocol
+        self.sources = sources
+
+    async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
+        stats = ChangeStats()
+        effects = await asyncio.gather(*(self._sweep(unit, term, stats) for term in unit.terms()))
+        return total(effects), stats
+
+    async def _sweep(self, unit: Unit, term: int, stats: ChangeStats) -> ZSet:
+        changed = None if term == INITIAL_TERM else term
+        partial = ZSet.unit() if changed is None else unit.delta(changed)
+        for step in self.plan.sweep(changed):
+            if not partial:
+                return ZSet()
+            partial = await self._process_subquery(unit, term, step, partial, stats)
+        return partial.map_rows(self.plan.projection(changed))
+
+    async def _process_subquery(
+        self, unit: Unit, term: int, step: SweepStep, partial: ZSet, stats: ChangeStats
+    ) -> ZSet:
+        relation = self.plan.relations[step.relation]
+        keys = distinct_keys(partial, step)
+        started = time.perf_counter()
+        answer = await self.sources[relation.source].subquery(self._request(step, keys))
+        stats.subqueries += 1
+        stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
+        result = extend(partial, step, keys, _answer_rows(answer, len(keys), len(relation.columns)))
+        for delta in self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark):
+            result.add_all(local_join(partial, step, delta, relation.cols()), -1)
+            stats.compensations += 1
+        return result
+
+    def _request(self, step: SweepStep, keys: list[tuple]) -> Subquery:
+        relation = self.plan.relations[step.relation]
+        shipped = {col: expr.Col(KEY_RELATION, f"k{i}") for i, col in enumerate(step.keys)}
+        on = expr.substitute(step.on, shipped) if step.on is not None else None
+        return Subquery(
+            relation=relation.table,
+            alias=relation.alias,
+            keys=[list(k) for k in keys],
+            on=expr.to_wire(on) if on is not None else None,
+            where=expr.to_wire(relation.where) if relation.where is not None else None,
+            select=list(relation.columns),
+        )
+
+
+def _answer_rows(answer: SubqueryAnswer, n_keys: int, n_columns: int):
+    for row in answer.rows:
+        if len(row) != n_columns + 2 or not (0 <= row[0] < n_keys):
+            raise SourceError(f"malformed subquery answer row {row!r}")
+        yield int(row[0]), tuple(row[1:-1]), int(row[-1])
