@@ -147,3 +147,25 @@ def recompute(plan: ViewPlan, contents: dict[tuple[str, str], ZSet], columns: di
     keep = expr.compile_filter(where, index)
     outputs = [index[o.column] for o in plan.outputs]
     return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
+
+
+async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str, ...]]], store=None, switches=None, seed: int = 0, delays: Delays | None = None, sources: dict[str, SimSource] | None = None):
+    """A manager over in-process sources (new ones, or ``sources`` after a restart)."""
+    from warehouse.manager import Manager
+    from warehouse.store.memory import MemoryStore
+
+    rng = random.Random(seed)
+    sources = sources or {name: SimSource(name, t, random.Random(rng.random()), delays or Delays()) for name, t in tables.items()}
+    for s in sources.values():
+        s.receive = _unavailable
+    manager = Manager(f"sqlite:///{catalog_path}", store or MemoryStore(), connect=lambda n, u: sources[n], switches=switches)
+    await manager.start()
+    for s in sources.values():
+        s.receive = manager.receive
+        if s.name not in manager.clients:
+            await manager.add_source(s.name, f"sim://{s.name}")
+    return manager, sources
+
+
+async def _unavailable(source, updates):
+    raise ConnectionError("the manager is not started yet")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.sim import Delays, SimSource, recompute
+from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from warehouse.manager import Manager
 from warehouse.protocol import Switches
 from warehouse.store.memory import MemoryStore
@@ -75,17 +75,11 @@ def random_transaction(rng: random.Random, source: SimSource) -> list[tuple[str,
 async def run_schedule(tmp_path, seed: int, switches: Switches | None = None, store=None, transactions: int = 24) -> Outcome:
     rng = random.Random(seed)
     delays = Delays(before_snapshot=0.004, evaluation=0.004, shipping=0.002)
-    sources = {name: SimSource(name, tables, random.Random(rng.random()), delays) for name, tables in TABLES.items()}
+    catalog = tmp_path / f"catalog-{seed}-{uuid.uuid4().hex[:8]}.db"
+    manager, sources = await start_sim_manager(catalog, TABLES, store, switches, seed, delays)
     for s in sources.values():
         for t, cols in s.tables.items():
             s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
-    store = store or MemoryStore()
-    catalog = tmp_path / f"catalog-{seed}-{uuid.uuid4().hex[:8]}.db"
-    manager = Manager(f"sqlite:///{catalog}", store, connect=lambda n, u: sources[n], switches=switches)
-    await manager.start()
-    for s in sources.values():
-        s.receive = manager.receive
-        await manager.add_source(s.name, f"sim://{s.name}")
 
     async def workload() -> None:
         for _ in range(transactions):

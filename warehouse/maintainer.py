@@ -47,6 +47,7 @@ class ViewCounters:
     subqueries: int = 0
     compensations: int = 0
     commit_groups: list[int] = field(default_factory=list)
+    peak_running: int = 0
     last_commit_at: float | None = None
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
 
@@ -144,6 +145,7 @@ class ViewMaintainer:
             self._check_idle()
 
     def _spawn(self, unit: Unit) -> None:
+        self.counters.peak_running = max(self.counters.peak_running, len(self.protocol.ppu))
         task = asyncio.create_task(self._maintain(unit), name=f"vc-{self.name}-{unit.order}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

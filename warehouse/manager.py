@@ -193,7 +193,7 @@ class Manager:
             return info
 
     async def drop_view(self, name: str) -> None:
-        handle = self._handle(name)
+        handle = self.view(name)
         await handle.maintainer.stop()
         del self.views[name]
         await self.db("drop_view", name)
@@ -244,7 +244,7 @@ class Manager:
         for unit in rebuilt:
             handle.maintainer.resume_unit(unit)
 
-    def _handle(self, name: str) -> ViewHandle:
+    def view(self, name: str) -> ViewHandle:
         handle = self.views.get(name)
         if handle is None:
             raise ManagerError(f"unknown view {name!r}", 404)
@@ -286,11 +286,11 @@ class Manager:
 
     # -- reading -----------------------------------------------------------------------------------
     def watermark(self, name: str) -> int:
-        return self._handle(name).maintainer.protocol.watermark
+        return self.view(name).maintainer.protocol.watermark
 
     def read(self, name: str, as_of: int | None = None, latest: bool = False) -> ZSet:
         """The view's signed weights as of W (default), a given order, or every commit."""
-        handle = self._handle(name)
+        handle = self.view(name)
         if as_of is not None and as_of > handle.maintainer.protocol.watermark:
             raise ManagerError(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422)
         try:
@@ -299,7 +299,7 @@ class Manager:
             raise ManagerError(str(exc), 422) from exc
 
     def status(self, name: str) -> dict[str, Any]:
-        handle = self._handle(name)
+        handle = self.view(name)
         m = handle.maintainer
         c = m.counters
         now = time.time()
@@ -330,7 +330,7 @@ class Manager:
         }
 
     async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
-        await asyncio.wait_for(self._handle(name).maintainer.wait_idle(), timeout)
+        await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)
 
 
 def _identifier(name: str) -> bool:

@@ -15,7 +15,7 @@ class MemoryStore:
         self._columns: dict[str, tuple[str, ...]] = {}
         self._published: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.commit_groups: list[int] = []  # sizes, for tests of grouping
+        self.commit_log: list[tuple[int, ...]] = []  # the orders of each write, in write order
 
     def create(self, view: str, columns: Sequence[str]) -> None:
         with self._lock:
@@ -41,7 +41,7 @@ class MemoryStore:
             stored = self._view(view)
             for e in effects:
                 stored.setdefault(e.order, e.delta.copy())
-            self.commit_groups.append(len(effects))
+            self.commit_log.append(tuple(e.order for e in effects))
 
     def publish(self, view: str, watermark: int) -> None:
         with self._lock:
