@@ -1,8 +1,8 @@
 """The ``pvm`` command line.
 
 Each subcommand lives in its own module exposing ``configure(parser)`` and ``run(args) -> int``.
-Modules are imported only to build their parser; heavy imports (Spark, FastAPI) belong inside
-``run``. Errors the user can fix are raised as ``CliError`` and printed as one line.
+Only the module of the chosen subcommand is imported; heavy imports (Spark, FastAPI) belong
+inside ``run``. Errors the user can fix are raised as ``CliError`` and printed as one line.
 """
 
 from __future__ import annotations
@@ -26,27 +26,29 @@ class CliError(Exception):
     """A problem with the user's input: printed as ``pvm: error: …``, exit status 2."""
 
 
-def _add(sub, name: str, module: str, help_text: str) -> None:
+def _add(sub, name: str, module: str, help_text: str, chosen: bool) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
-    mod = importlib.import_module(module)
-    mod.configure(parser)
+    if chosen:
+        importlib.import_module(module).configure(parser)
     parser.set_defaults(_module=module)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    words = [a for a in argv if not a.startswith("-")]
     parser = argparse.ArgumentParser(prog="pvm", description="Parallel view maintenance for data warehouses.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        _add(sub, name, module, help_text)
+        _add(sub, name, module, help_text, words[:1] == [name])
     bench = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     bench_sub = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for name, (module, help_text) in BENCHMARKS.items():
-        _add(bench_sub, name, module, help_text)
+        _add(bench_sub, name, module, help_text, words[:2] == ["bench", name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except CliError as exc:

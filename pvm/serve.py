@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 from pathlib import Path
 
@@ -44,14 +45,18 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
 
 def run(args: argparse.Namespace) -> int:
     from api.manager_app import create_app
-    from pvm.serving import listen, serve, setup_logging
+    from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.manager import Manager
 
     setup_logging(args.log_level)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
     url = catalog_url(args.data_dir, args.catalog)
-    sock, address = listen(args.host, args.port)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     store = open_store(args.store, args.data_dir, args.spark_master, url)
     manager = Manager(url, store, commit_group_size=args.commit_group_size)
-    return serve(create_app(manager), sock, f"manager listening on {address}")
+    server = uvicorn_server(create_app(manager))
+    return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))

@@ -1,8 +1,8 @@
-"""Serving an ASGI app from a command: bind first, announce the address once it accepts.
+"""Serving an ASGI app: bind first, announce the address once it accepts requests.
 
-Both ``pvm serve`` and ``pvm wrapper run`` print exactly one line on stdout once they
-accept requests (``… listening on http://HOST:PORT``), so a parent process can start them
-with port 0 and read the address. Logs go to stderr.
+``pvm serve`` and ``pvm wrapper run`` print exactly one line on stdout once they accept
+requests (``… listening on http://HOST:PORT``), so a parent process can start them with
+port 0 and read the address. Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -12,41 +12,62 @@ import logging
 import socket
 import sys
 
-from pvm.cli import CliError
-
 
 def setup_logging(level: str) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
 
-def listen(host: str, port: int) -> tuple[socket.socket, str]:
-    """A listening socket and its ``http://`` address (port 0 picks a free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (port 0: a free port).
+
+    The socket is created with ``proto=IPPROTO_TCP``: asyncio only sets TCP_NODELAY on
+    accepted connections of such sockets, and without it every HTTP response waits ~40 ms
+    for a delayed ACK (Nagle) before its body goes out.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
     try:
-        sock = socket.create_server((host, port), family=family)
-    except OSError as exc:
-        raise CliError(f"cannot listen on {host}:{port}: {exc}") from exc
-    bound_host, bound_port = sock.getsockname()[:2]
-    address = f"http://[{bound_host}]:{bound_port}" if family == socket.AF_INET6 else f"http://{bound_host}:{bound_port}"
-    return sock, address
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-def serve(app, sock: socket.socket, announcement: str) -> int:
+def http_url(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of a listening socket (IPv6 hosts in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+def uvicorn_server(app):
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5))
-    return asyncio.run(serve_until_stopped(server, sock, announcement))
+    return uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5))
 
 
-async def serve_until_stopped(server, sock: socket.socket, announcement: str) -> int:
-    """Run ``server`` on ``sock``; announce on stdout once it accepts requests."""
+async def start_serving(server, sock: socket.socket) -> asyncio.Task:
+    """Run ``server`` on ``sock`` in the background; returns once it accepts requests."""
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():
             await serving
-            return 1  # startup failed; uvicorn logged why
+            raise RuntimeError("the HTTP server did not start")
         await asyncio.sleep(0.01)
+    return serving
+
+
+async def serve_until_stopped(server, sock: socket.socket, announcement: str) -> int:
+    """Run ``server`` on ``sock``; announce on stdout once it accepts requests."""
+    try:
+        serving = await start_serving(server, sock)
+    except RuntimeError:
+        return 1  # uvicorn logged why
     print(announcement, flush=True)
     await serving
     return 0

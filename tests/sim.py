@@ -7,8 +7,7 @@ and then evaluates the join on that snapshot while the source keeps changing. Ra
 delays before the snapshot and during evaluation force maintenance-concurrent updates and
 out-of-order commits. The real wrappers are tested against the same oracle elsewhere.
 
-``recompute`` is the oracle: the view evaluated from scratch over given relation contents
-by nested loops, sharing nothing with the maintenance code but the predicate language.
+The oracle itself is ``warehouse.recompute``: the view evaluated from scratch.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 
 from api.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
 from warehouse import expr
-from warehouse.plan import ViewPlan
+from warehouse.recompute import recompute  # noqa: F401  (the tests' oracle)
 from warehouse.sources import TableSchema
 from warehouse.zset import ZSet
 
@@ -132,21 +131,6 @@ def evaluate(q: Subquery, columns: tuple[str, ...], contents: ZSet) -> list[list
             if where(joined) and on(joined):
                 out.add((k, *(row[i] for i in select)), weight)
     return [[*row, w] for row, w in out.items()]
-
-
-def recompute(plan: ViewPlan, contents: dict[tuple[str, str], ZSet], columns: dict[tuple[str, str], tuple[str, ...]]) -> ZSet:
-    """The oracle: the view over the given relation contents, from first principles."""
-    layout: list[expr.Col] = []
-    combos = ZSet.unit()
-    for r in plan.relations:
-        table = contents[(r.source, r.table)]
-        layout += [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]
-        combos = ZSet((left + right, wl * wr) for left, wl in combos.items() for right, wr in table.items())
-    where = expr.conjoin([*(r.where for r in plan.relations if r.where is not None), *plan.join])
-    index = {c: i for i, c in enumerate(layout)}
-    keep = expr.compile_filter(where, index)
-    outputs = [index[o.column] for o in plan.outputs]
-    return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
 
 
 async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str, ...]]], store=None, switches=None, seed: int = 0, delays: Delays | None = None, sources: dict[str, SimSource] | None = None):

@@ -314,6 +314,7 @@ class Manager:
             "commit_mode": handle.info.commit_mode,
             "watermark": m.protocol.watermark,
             "paused": m.paused,
+            "idle": m.idle,
             "updates_queued": len(m.protocol.umq),
             "units_running": len(m.protocol.ppu),
             "units_retained": len(m.protocol.rpu),
@@ -326,6 +327,7 @@ class Manager:
                 "subqueries": c.subqueries,
                 "compensations": c.compensations,
                 "commit_groups": len(c.commit_groups),
+                "peak_running": c.peak_running,
             },
         }
 

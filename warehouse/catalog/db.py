@@ -14,7 +14,6 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import migrations
@@ -246,6 +245,6 @@ class Catalog:
 
 
 __all__ = [
-    "Catalog", "CatalogError", "IntegrityError", "LogEntry", "RelationInfo",
+    "Catalog", "CatalogError", "LogEntry", "RelationInfo",
     "SourceInfo", "UnitInfo", "ViewInfo",
 ]

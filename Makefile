@@ -1,0 +1,14 @@
+# The two commands of the README: `make demo` and `make test`.
+VENV ?= $(HOME)/.cache/pvm/venv
+export PVM_VENV := $(VENV)
+
+.PHONY: setup demo test
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/pvm demo
+
+test: setup
+	@bash scripts/services.sh
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider

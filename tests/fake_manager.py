@@ -1,0 +1,106 @@
+"""A stand-in for the manager's update receiver, for wrapper tests and demos.
+
+It behaves like the real receiver where wrappers can tell: ``(source, seq)`` is idempotent,
+the acknowledgment covers the contiguous prefix and lists held seqs above a gap. It can
+refuse posts with 503 (``fail_posts`` next posts, or all while ``down``) and records every
+post, accepted or not, so tests can check what was sent and how often.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from api.schemas import Ack, Update, UpdateBatch
+from pvm.serving import http_url, listen
+
+
+class FakeManager:
+    def __init__(self, token: str | None = None, fail_posts: int = 0) -> None:
+        self.token = token
+        self.fail_posts = fail_posts
+        self.down = False
+        self.posts: list[UpdateBatch] = []
+        self.conflicts: list[tuple[int, Update, Update]] = []
+        self._updates: dict[str, dict[int, Update]] = {}
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # -- the receiver -----------------------------------------------------------------------
+    def _app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/updates", response_model=Ack)
+        async def receive(batch: UpdateBatch, request: Request) -> Ack | JSONResponse:
+            if self.token is not None and request.headers.get("authorization") != f"Bearer {self.token}":
+                return JSONResponse({"detail": "bad token"}, status_code=401)
+            with self._lock:
+                self.posts.append(batch)
+                if self.down or self.fail_posts > 0:
+                    self.fail_posts = max(0, self.fail_posts - 1)
+                    return JSONResponse({"detail": "unavailable"}, status_code=503)
+                log = self._updates.setdefault(batch.source, {})
+                for update in batch.updates:
+                    known = log.setdefault(update.seq, update)
+                    if known != update:
+                        self.conflicts.append((update.seq, known, update))
+                through = self._through(batch.source)
+                return Ack(through=through, held=sorted(s for s in log if s > through))
+
+        return app
+
+    def _through(self, source: str) -> int:
+        log = self._updates.get(source, {})
+        n = 0
+        while n + 1 in log:
+            n += 1
+        return n
+
+    # -- reading what arrived -----------------------------------------------------------------
+    def through(self, source: str) -> int:
+        with self._lock:
+            return self._through(source)
+
+    def updates(self, source: str) -> list[Update]:
+        """The acknowledged updates of ``source``, seq 1, 2, …"""
+        with self._lock:
+            log = self._updates.get(source, {})
+            return [log[s] for s in range(1, self._through(source) + 1)]
+
+    def wait_through(self, source: str, seq: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.through(source) < seq:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{source}: acknowledged through {self.through(source)}, waited for {seq}")
+            time.sleep(0.01)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> FakeManager:
+        sock = listen("127.0.0.1", 0)
+        self.url = http_url(sock)
+        self._server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning", access_log=False))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the fake manager did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(10)
+
+    def __enter__(self) -> FakeManager:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

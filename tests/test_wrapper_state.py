@@ -1,0 +1,72 @@
+"""The wrapper's durable state: seqs, pending updates, acknowledgments, interest, locking."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from api.schemas import Change, Interest, RelationInterest
+from wrappers.capture import sqlite as capture
+from wrappers.errors import WrapperError
+from wrappers.state import WrapperState
+from wrappers.wrapper import Wrapper, WrapperConfig
+
+
+def change(i: int) -> list[Change]:
+    return [Change(relation="r", sign=1, row={"id": i})]
+
+
+def test_seqs_pending_and_acks_survive_a_restart(tmp_path: Path) -> None:
+    state = WrapperState(tmp_path, "shop")
+    assert state.record(change(1), outbox_through=3) == 1
+    assert state.record([], outbox_through=5) is None  # filtered away: no seq
+    assert state.record(change(2), outbox_through=7) == 2
+    assert state.deletable_through() == 0  # update 1 (outbox 1..3) is not acknowledged
+    state.ack(1)
+    assert state.deletable_through() == 5  # update 2 covers outbox 6..7
+    interest = Interest(relations={"r": RelationInterest(columns=["id"], where=[None])})
+    state.set_interest(interest)
+    before = state.pending(10)
+    state.close()
+
+    again = WrapperState(tmp_path, "shop")
+    assert (again.last_seq, again.acked_through, again.captured_through) == (2, 1, 7)
+    assert again.pending(10) == before and [u.seq for u in before] == [2]
+    assert again.interest == interest
+    again.ack(2)
+    assert again.pending(10) == [] and again.pending_count() == 0
+    assert again.deletable_through() == 7
+    again.close()
+
+
+def test_one_wrapper_per_state_and_source(tmp_path: Path) -> None:
+    state = WrapperState(tmp_path, "shop")
+    with pytest.raises(WrapperError, match="another wrapper"):
+        WrapperState(tmp_path, "shop")
+    state.close()
+    (tmp_path / "other.state.sqlite3").write_bytes((tmp_path / "shop.state.sqlite3").read_bytes())
+    with pytest.raises(WrapperError, match="state of source 'shop', not 'other'"):
+        WrapperState(tmp_path, "other")
+    with pytest.raises(WrapperError, match="invalid source name"):
+        WrapperState(tmp_path, "../escape")
+
+
+def test_a_recreated_outbox_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "src.db") as db:
+        db.execute("CREATE TABLE r (id INTEGER PRIMARY KEY)")
+    config = WrapperConfig("shop", f"sqlite:///{tmp_path / 'src.db'}", ("r",), "http://unused", state_dir=tmp_path / "state")
+    wrapper = Wrapper(config)
+    with sqlite3.connect(tmp_path / "src.db") as db:
+        db.executemany("INSERT INTO r VALUES (?)", [(1,), (2,)])
+    wrapper._capture_now()  # outbox rows 1..2 become seq 1
+    assert wrapper.state.last_seq == 1
+    asyncio.run(wrapper.stop())
+
+    engine = capture.open_engine(config.url)
+    capture.uninstall(engine, ["r"])  # drops the outbox and its id counter
+    engine.dispose()
+    with pytest.raises(WrapperError, match="re-created"):
+        Wrapper(config)

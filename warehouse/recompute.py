@@ -1,0 +1,66 @@
+"""First-principles recomputation: a view evaluated from scratch over relation contents.
+
+Each relation filtered by its local predicate, joined in FROM order (hashing on the
+column equalities available, which only narrows the pairs), then the whole WHERE clause
+again, then the projection: obvious, and sharing nothing with incremental maintenance but
+the predicate language. It is the oracle the tests hold maintenance to, and what ``pvm demo``
+verifies the maintained view against (Garg's "first principle": recompute and compare).
+
+>>> from warehouse.expr import Col, Cmp
+>>> from warehouse.plan import OutputColumn, RelationRef, ViewPlan
+>>> r, s = RelationRef("r", "a", "r", ("k",)), RelationRef("s", "b", "s", ("k",))
+>>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "k"), Col("s", "k")),), (OutputColumn("k", Col("r", "k")),))
+>>> rows = {("a", "r"): ZSet({(1,): 1, (2,): 1}), ("b", "s"): ZSet({(1,): 2})}
+>>> recompute(plan, rows, {("a", "r"): ("k",), ("b", "s"): ("k",)})
+ZSet({(1,): 2})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from warehouse import expr
+from warehouse.plan import ViewPlan
+from warehouse.zset import ZSet
+
+
+def recompute(
+    plan: ViewPlan,
+    contents: Mapping[tuple[str, str], ZSet],
+    columns: Mapping[tuple[str, str], tuple[str, ...]],
+) -> ZSet:
+    """The view over ``contents[(source, table)]``, whose rows follow ``columns[(source, table)]``."""
+    layout: list[expr.Col] = []
+    combos = ZSet.unit()
+    for r in plan.relations:
+        cols = [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]
+        local = expr.compile_filter(r.where, {c: i for i, c in enumerate(cols)})
+        table = contents[(r.source, r.table)].filter(local)
+        left_keys, right_keys = _equalities(plan.join, layout, cols)
+        buckets: dict[tuple, list] = {}
+        for right, wr in table.items():
+            buckets.setdefault(tuple(right[i] for i in right_keys), []).append((right, wr))
+        combos = ZSet(
+            (left + right, wl * wr)
+            for left, wl in combos.items()
+            for right, wr in buckets.get(tuple(left[i] for i in left_keys), ())
+        )
+        layout += cols
+    where = expr.conjoin([*(r.where for r in plan.relations if r.where is not None), *plan.join])
+    index = {c: i for i, c in enumerate(layout)}
+    keep = expr.compile_filter(where, index)
+    outputs = [index[o.column] for o in plan.outputs]
+    return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
+
+
+def _equalities(join, left: list[expr.Col], right: list[expr.Col]) -> tuple[list[int], list[int]]:
+    """Positions of ``left_col = right_col`` conjuncts between the rows so far and a relation."""
+    li, ri = {c: i for i, c in enumerate(left)}, {c: i for i, c in enumerate(right)}
+    pairs = []
+    for c in join:
+        if isinstance(c, expr.Cmp) and c.op == "=" and isinstance(c.left, expr.Col) and isinstance(c.right, expr.Col):
+            if c.left in li and c.right in ri:
+                pairs.append((li[c.left], ri[c.right]))
+            elif c.right in li and c.left in ri:
+                pairs.append((li[c.right], ri[c.left]))
+    return [p for p, _ in pairs], [q for _, q in pairs]

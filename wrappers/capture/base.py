@@ -1,0 +1,67 @@
+"""What a dialect must provide to capture committed changes of a source (the capture interface).
+
+A capture dialect is a module implementing ``CaptureDialect``. It keeps an *outbox* table in
+the source, filled by triggers in the same transaction as the change, so a change becomes
+visible to the wrapper exactly when its transaction commits (rolled-back work never does).
+
+Outbox ids must grow in commit order: the wrapper remembers the highest id it has captured and
+reads only newer rows. SQLite serializes writers, so its AUTOINCREMENT ids qualify; dialects
+with concurrent writers (PostgreSQL, MariaDB) must assign ids at commit time instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import sqlalchemy as sa
+
+OUTBOX = "_pvm_outbox"
+"""The name of the outbox table every dialect creates in the source."""
+
+Op = Literal["I", "U", "D"]
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """One captured row change: ``old`` is None for an insert, ``new`` is None for a delete."""
+
+    id: int
+    relation: str
+    op: Op
+    old: dict[str, Any] | None
+    new: dict[str, Any] | None
+
+
+class CaptureDialect(Protocol):
+    """The dialect-specific half of a wrapper; everything else is dialect-neutral."""
+
+    def open_engine(self, url: str) -> sa.Engine:
+        """An engine whose transactions are real snapshot transactions, raising WrapperError
+        if the database does not exist."""
+        ...
+
+    def install(self, engine: sa.Engine, tables: Sequence[str]) -> None:
+        """Create the outbox and the capture triggers of ``tables`` (idempotent)."""
+        ...
+
+    def uninstall(self, engine: sa.Engine, tables: Sequence[str]) -> None:
+        """Drop the triggers of ``tables``, and the outbox once no table is captured (idempotent)."""
+        ...
+
+    def begin_snapshot(self, engine: sa.Engine) -> sa.Connection:
+        """A connection inside a read transaction whose snapshot is already fixed."""
+        ...
+
+    def read_outbox(self, conn: sa.Connection, after: int) -> list[OutboxRow]:
+        """The outbox rows visible to ``conn`` with id > ``after``, in commit order."""
+        ...
+
+    def delete_outbox(self, engine: sa.Engine, through: int) -> None:
+        """Delete the outbox rows with id <= ``through`` (they are acknowledged or filtered)."""
+        ...
+
+    def outbox_high_water(self, engine: sa.Engine) -> int:
+        """The highest outbox id ever assigned (0 for a fresh outbox), to detect a re-created outbox."""
+        ...

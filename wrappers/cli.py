@@ -1,0 +1,184 @@
+"""``pvm wrapper run | install | uninstall``: the command line of a source wrapper.
+
+``run`` prints exactly one line on stdout once it accepts requests,
+``wrapper NAME listening on http://HOST:PORT``, so a parent process can read the address
+(logs go to stderr). ``python -m wrappers.cli …`` runs the same commands without loading the
+other ``pvm`` subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pvm.cli import CliError
+
+TOKEN_ENV = "PVM_WRAPPER_TOKEN"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="SQLAlchemy URL of the source database, e.g. sqlite:///shop.db")
+    parser.add_argument(
+        "--tables", required=True, help="comma-separated tables whose changes are captured, e.g. orders,customers"
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="wrapper_command", required=True, metavar="ACTION")
+
+    run_p = sub.add_parser(
+        "run",
+        help="serve the wrapper of one source (installs capture if needed)",
+        description="Capture committed changes of the source, ship them to the manager in seq order, "
+        "and answer maintenance subqueries over HTTP.",
+    )
+    run_p.add_argument("--source", required=True, help="the source's name as registered in the manager")
+    _source_arguments(run_p)
+    run_p.add_argument("--manager", required=True, help="base URL of the manager, e.g. http://127.0.0.1:8000")
+    run_p.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token of this source's wrapper role at the manager (default: ${TOKEN_ENV})",
+    )
+    run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+    run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
+    run_p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="directory of the wrapper's durable state (seqs, unacknowledged updates, interest); "
+        "default: $XDG_STATE_HOME/pvm/wrappers",
+    )
+    run_p.add_argument(
+        "--poll-interval",
+        type=_positive_float,
+        default=0.05,
+        help="seconds between two reads of the captured changes (default: 0.05)",
+    )
+    run_p.add_argument(
+        "--query-delay-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="experiments: extra milliseconds spent in every subquery evaluation, inside its snapshot (default: 0)",
+    )
+    run_p.add_argument(
+        "--max-concurrent-queries",
+        type=_positive_int,
+        default=1,
+        help="experiments: subqueries evaluated at the same time, q in the paper's cost model (default: 1)",
+    )
+    run_p.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level"
+    )
+
+    for name, text in (
+        ("install", "create the outbox and the capture triggers of the tables (idempotent)"),
+        ("uninstall", "drop the capture triggers of the tables, and the outbox once none is left (idempotent)"),
+    ):
+        _source_arguments(sub.add_parser(name, help=text, description=text))
+
+
+def _tables(text: str) -> tuple[str, ...]:
+    tables = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not tables:
+        raise CliError("--tables names no table")
+    return tables
+
+
+def run(args: argparse.Namespace) -> int:
+    from wrappers.errors import WrapperError
+
+    try:
+        if args.wrapper_command == "run":
+            return _serve(args)
+        from wrappers.capture import dialect_for
+
+        dialect = dialect_for(args.url)
+        engine = dialect.open_engine(args.url)
+        try:
+            tables = _tables(args.tables)
+            if args.wrapper_command == "install":
+                dialect.install(engine, tables)
+                print(f"capture installed for {', '.join(tables)}")
+            else:
+                dialect.uninstall(engine, tables)
+                print(f"capture removed for {', '.join(tables)}")
+        finally:
+            engine.dispose()
+        return 0
+    except WrapperError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from api.wrapper_app import create_app
+    from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from wrappers.state import default_state_dir
+    from wrappers.wrapper import Wrapper, WrapperConfig
+
+    setup_logging(args.log_level)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
+    config = WrapperConfig(
+        source=args.source,
+        url=args.url,
+        tables=_tables(args.tables),
+        manager_url=args.manager,
+        token=args.token,
+        state_dir=args.state_dir or default_state_dir(),
+        poll_interval=args.poll_interval,
+        query_delay_ms=args.query_delay_ms,
+        max_concurrent_queries=args.max_concurrent_queries,
+    )
+    try:
+        wrapper = Wrapper(config)
+    except BaseException:
+        sock.close()
+        raise
+    server = uvicorn_server(create_app(wrapper))
+    return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m wrappers.cli``: the ``pvm wrapper`` commands on their own."""
+    parser = argparse.ArgumentParser(prog="pvm wrapper", description="run, install or uninstall a source wrapper")
+    configure(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except CliError as exc:
+        print(f"pvm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
