@@ -140,13 +140,18 @@ class Demo:
         import httpx
         from rich.console import Console
 
-        from pvm.local import LocalDeployment
+        import shutil
+
+        from pvm.local import LocalDeployment, catalog_url
         from pvm.serve import open_store
 
         console = Console()
         console.print(f"[bold]pvm demo[/bold]: data in {self.data_dir}")
         paths = create_sources(self.data_dir, self.rng)
-        store = open_store(self.args.store, self.data_dir, None, "")
+        (self.data_dir / "catalog.db").unlink(missing_ok=True)  # every demo starts afresh
+        shutil.rmtree(self.data_dir / "spark", ignore_errors=True)
+        shutil.rmtree(self.data_dir / "wrappers", ignore_errors=True)
+        store = open_store(self.args.store, self.data_dir, None, catalog_url(self.data_dir))
         async with LocalDeployment(self.data_dir, store) as deployment:
             for source, (table, _) in SCHEMAS.items():
                 await deployment.add_sqlite_source(

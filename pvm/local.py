@@ -9,15 +9,17 @@ from pathlib import Path
 from pvm.cli import CliError
 
 
+def catalog_url(data_dir: Path) -> str:
+    return f"sqlite:///{data_dir / 'catalog.db'}"
+
+
 class LocalDeployment:
     def __init__(self, data_dir: Path, store=None) -> None:
         from warehouse.manager import Manager
         from warehouse.store.memory import MemoryStore
 
         self.data_dir = data_dir
-        catalog = data_dir / "catalog.db"
-        catalog.unlink(missing_ok=True)
-        self.manager = Manager(f"sqlite:///{catalog}", store or MemoryStore())
+        self.manager = Manager(catalog_url(data_dir), store or MemoryStore())
         self.wrappers: dict[str, object] = {}
         self.url = ""
 

@@ -35,12 +35,13 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
         from warehouse.store.memory import MemoryStore
 
         return MemoryStore()
+    from warehouse.catalog.db import Catalog, StoreRecords
     from warehouse.store.spark import SparkStore
     from warehouse.store.spark_session import get_spark
 
     spark_dir = data_dir / "spark"
     spark = get_spark(master, spark_dir / "warehouse")
-    return SparkStore(spark, spark_dir)
+    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)))
 
 
 def run(args: argparse.Namespace) -> int:

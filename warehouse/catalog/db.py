@@ -219,32 +219,40 @@ class Catalog:
             q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
             return [UnitInfo(u.order_no, tuple(u.log_ids), u.committed) for u in s.scalars(q)]
 
-    # -- view store metadata (implements the store's metadata protocol) -------------------
-    def load_store_record(self, view: str) -> dict[str, Any] | None:
-        with Session(self.engine) as s:
+
+
+class StoreRecords:
+    """The view store's per-view records (table locations, compaction state) kept in the
+    catalog database, so a restart re-registers every table from one place."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._engine = catalog.engine
+
+    def views(self) -> list[str]:
+        with Session(self._engine) as s:
+            return list(s.scalars(select(StoreTableRow.view)))
+
+    def load(self, view: str) -> dict[str, Any] | None:
+        with Session(self._engine) as s:
             row = s.get(StoreTableRow, view)
             return dict(row.record) if row else None
 
-    def save_store_record(self, view: str, record: dict[str, Any]) -> None:
-        with Session(self.engine) as s, s.begin():
+    def save(self, view: str, record: dict[str, Any]) -> None:
+        with Session(self._engine) as s, s.begin():
             row = s.get(StoreTableRow, view)
             if row is None:
                 s.add(StoreTableRow(view=view, record=record))
             else:
                 row.record = record
 
-    def delete_store_record(self, view: str) -> None:
-        with Session(self.engine) as s, s.begin():
+    def delete(self, view: str) -> None:
+        with Session(self._engine) as s, s.begin():
             row = s.get(StoreTableRow, view)
             if row is not None:
                 s.delete(row)
 
-    def store_records(self) -> dict[str, dict[str, Any]]:
-        with Session(self.engine) as s:
-            return {r.view: dict(r.record) for r in s.scalars(select(StoreTableRow))}
-
 
 __all__ = [
-    "Catalog", "CatalogError", "LogEntry", "RelationInfo",
+    "Catalog", "CatalogError", "LogEntry", "RelationInfo", "StoreRecords",
     "SourceInfo", "UnitInfo", "ViewInfo",
 ]

@@ -1,0 +1,670 @@
+"""The Spark view store: append-only z-log and compacted base tables per view.
+
+Spark 4 cannot update or delete rows of a plain parquet table, and signed counts do not need
+it: a commit appends the effect's rows with their weights and order number to the view's
+z-log, and the view's contents are ``SUM(_w)`` per row over the base plus the z-log. Reads
+``as_of=W`` filter the z-log by order; compaction folds the old part of the z-log into a new
+base version at a new location (Spark cannot overwrite a table it is reading) and swaps.
+
+Per view, under ``<data_dir>/views/<view>/``:
+
+* ``zlog/v<N>/``: table ``pvm_zlog_<view>`` (view columns, ``_w`` BIGINT, ``_order`` BIGINT);
+* ``base/v<N>/``: table ``pvm_base_<view>`` (view columns, ``_w`` BIGINT);
+* a temporary view named ``<view>``: what analysts query, the view as of the published
+  watermark with each row repeated by its weight.
+
+Which versions are current, the published watermark and the compacted orders live in a
+``StoreCatalog`` record, written only at the few points that change them, so that a restart
+re-registers every table. Which orders are committed is read back from the z-log itself:
+an append is the commit, and a crash between two appends loses nothing and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import AtomicType, DataType, LongType, StringType, StructField, StructType
+
+from warehouse.store.base import Effect, StoreError
+from warehouse.zset import Row, ZSet
+
+WEIGHT = "_w"
+ORDER = "_order"
+ZLOG_PREFIX = "pvm_zlog_"
+BASE_PREFIX = "pvm_base_"
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+# Spark SQL's reserved keywords under ``spark.sql.ansi.enforceReservedKeywords=true``
+# (``SELECT keyword FROM sql_keywords() WHERE reserved`` with that setting on). A view named
+# after one of them breaks analysts' queries as soon as a deployment turns enforcement on.
+RESERVED_WORDS = frozenset(
+    """
+    ALL AND ANY AS AUTHORIZATION BOTH CALL CASE CAST CHECK COLLATE COLLATION COLLATIONS COLUMN
+    CONSTRAINT CREATE CROSS CURRENT_DATE CURRENT_PATH CURRENT_SCHEMA CURRENT_TIME
+    CURRENT_TIMESTAMP CURRENT_USER DISTINCT ELSE END ESCAPE EXCEPT EXECUTE FALSE FETCH FILTER
+    FOR FOREIGN FROM FULL GRANT GROUP HAVING IN INNER INTERSECT INTO IS JOIN LATERAL LEADING
+    LEFT LOCALTIME NATURAL NOT NULL OFFSET ON ONLY OR ORDER OUTER OVERLAPS PRIMARY RECURSIVE
+    REFERENCES RIGHT SELECT SESSION_USER SOME SQL TABLE THEN TIME TO TRAILING UNION UNIQUE
+    UNKNOWN USER USING WHEN WHERE WITH WITHIN
+    """.split()
+)
+
+
+def _check_view_name(view: str) -> None:
+    if not _IDENTIFIER.match(view):
+        raise StoreError(f"view name {view!r} is not an identifier [A-Za-z_][A-Za-z0-9_]*")
+    if view.upper() in RESERVED_WORDS:
+        raise StoreError(f"view name {view!r} is a reserved Spark SQL keyword")
+    if view.lower().startswith((ZLOG_PREFIX, BASE_PREFIX)):
+        raise StoreError(f"view name {view!r} collides with the store's own table names")
+
+
+def _check_columns(columns: tuple[str, ...]) -> None:
+    if not columns:
+        raise StoreError("a view needs at least one column")
+    seen: set[str] = set()
+    for name in columns:
+        if not _IDENTIFIER.match(name):
+            raise StoreError(f"column name {name!r} is not an identifier")
+        if name.lower() in (WEIGHT, ORDER):
+            raise StoreError(f"column name {name!r} is reserved for the store")
+        if name.lower() in seen:  # Spark resolves column names case-insensitively
+            raise StoreError(f"duplicate column {name!r}")
+        seen.add(name.lower())
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# -- order sets --------------------------------------------------------------------------------
+# Orders folded into a base are kept as closed intervals: the watermark makes them contiguous
+# in practice, so the record stays a handful of numbers however long the view lives.
+
+Ranges = list[tuple[int, int]]
+
+
+def _merge_ranges(ranges: Ranges, orders: set[int]) -> Ranges:
+    merged: Ranges = []
+    for lo, hi in sorted([*ranges, *((o, o) for o in orders)]):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _in_ranges(ranges: Sequence[tuple[int, int]], order: int) -> bool:
+    i = bisect.bisect_right(ranges, (order, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= order <= ranges[i][1]
+
+
+# -- metadata ----------------------------------------------------------------------------------
+
+
+class StoreCatalog(Protocol):
+    """Durable home of the per-view records (JSON-compatible dicts)."""
+
+    def views(self) -> list[str]: ...
+
+    def load(self, view: str) -> dict[str, Any] | None: ...
+
+    def save(self, view: str, record: dict[str, Any]) -> None: ...
+
+    def delete(self, view: str) -> None: ...
+
+
+class JsonStoreCatalog:
+    """All records in one JSON file, replaced atomically on every save."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = Path(path)
+        self._lock = threading.Lock()
+        self._records: dict[str, dict[str, Any]] = (
+            json.loads(self._path.read_text()) if self._path.exists() else {}
+        )
+
+    def views(self) -> list[str]:
+        with self._lock:
+            return list(self._records)
+
+    def load(self, view: str) -> dict[str, Any] | None:
+        with self._lock:
+            record = self._records.get(view)
+            return None if record is None else json.loads(json.dumps(record))
+
+    def save(self, view: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._records[view] = json.loads(json.dumps(record))
+            self._write()
+
+    def delete(self, view: str) -> None:
+        with self._lock:
+            if self._records.pop(view, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._records, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+
+
+@dataclass(frozen=True)
+class ViewMeta:
+    """One view's record: what a restart needs to find and serve the view again."""
+
+    columns: tuple[str, ...]
+    types: tuple[str, ...] | None  # Spark SQL type names; None: JSON text in STRING columns
+    base_location: str
+    base_version: int
+    zlog_location: str
+    zlog_version: int
+    watermark: int = 0
+    compacted_through: int = 0
+    compacted_orders: tuple[tuple[int, int], ...] = ()
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "types": None if self.types is None else list(self.types),
+            "base_location": self.base_location,
+            "base_version": self.base_version,
+            "zlog_location": self.zlog_location,
+            "zlog_version": self.zlog_version,
+            "watermark": self.watermark,
+            "compacted_through": self.compacted_through,
+            "compacted_orders": [list(r) for r in self.compacted_orders],
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ViewMeta:
+        types = record["types"]
+        return cls(
+            columns=tuple(record["columns"]),
+            types=None if types is None else tuple(types),
+            base_location=record["base_location"],
+            base_version=int(record["base_version"]),
+            zlog_location=record["zlog_location"],
+            zlog_version=int(record["zlog_version"]),
+            watermark=int(record["watermark"]),
+            compacted_through=int(record["compacted_through"]),
+            compacted_orders=tuple((int(lo), int(hi)) for lo, hi in record["compacted_orders"]),
+        )
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def _json_float(value: float) -> str:
+    return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
+
+
+# What json.dumps(value, ensure_ascii=False) returns for the common exact types, without its
+# per-call overhead (it dominated the cost of a grouped commit).
+_JSON_ENCODERS: dict[type, Callable[[Any], str]] = {
+    str: json.encoder.encode_basestring,
+    int: int.__repr__,
+    bool: lambda value: "true" if value else "false",
+    float: _json_float,
+}
+
+
+def _json_scalar(value: Any) -> str | None:
+    encode = _JSON_ENCODERS.get(type(value))
+    if encode is not None:
+        return encode(value)
+    if value is None:
+        return None
+    if isinstance(value, (str, int, float)):  # subclasses
+        return json.dumps(value, ensure_ascii=False)
+    raise StoreError(f"cannot store {value!r} in an untyped column; give the view column types")
+
+
+class _Codec:
+    """Rows of Python scalars to Arrow columns and back, so reads return what was committed.
+
+    Typed views store each column in its Spark type. Untyped views (columns known by name
+    only) store JSON text, which keeps 1, 1.0, "1" and True apart and round-trips them.
+    """
+
+    def __init__(self, columns: tuple[str, ...], types: tuple[str, ...] | None) -> None:
+        self.columns = columns
+        self.json = types is None
+        spark_types = [StringType()] * len(columns) if types is None else [_parse(t) for t in types]
+        view_fields = [StructField(c, t) for c, t in zip(columns, spark_types)]
+        self.base_schema = StructType([*view_fields, StructField(WEIGHT, LongType())])
+        self.zlog_schema = StructType([*self.base_schema.fields, StructField(ORDER, LongType())])
+        self._arrow_schema = pa.schema(
+            [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in self.zlog_schema]
+        )
+
+    def effects_table(self, effects: Sequence[Effect]) -> pa.Table:
+        """The z-log rows of a group. An empty effect becomes one all-NULL row of weight 0,
+        which sums to nothing but leaves the order in the z-log as committed."""
+        rows: list[Row] = []
+        weights: list[int] = []
+        orders: list[int] = []
+        empty = (None,) * len(self.columns)
+        for effect in effects:
+            if effect.delta.is_empty():
+                rows.append(empty)
+                weights.append(0)
+                orders.append(effect.order)
+            for row, weight in effect.delta.items():
+                if len(row) != len(self.columns):
+                    raise StoreError(f"row {row!r} does not have {len(self.columns)} columns")
+                rows.append(row)
+                weights.append(weight)
+                orders.append(effect.order)
+        values: list[Sequence[Any]] = list(zip(*rows))
+        if self.json:
+            values = [[_json_scalar(v) for v in column] for column in values]
+        try:
+            arrays = [pa.array(v, type=f.type) for v, f in zip(values, self._arrow_schema)]
+            arrays += [pa.array(weights, pa.int64()), pa.array(orders, pa.int64())]
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as e:
+            raise StoreError(f"values do not fit the view's column types: {e}") from e
+        return pa.Table.from_arrays(arrays, schema=self._arrow_schema)
+
+    def decode(self, table: pa.Table) -> Iterator[Row]:
+        """Rows of a result whose first columns are the view's columns."""
+        columns = [table.column(i).to_pylist() for i in range(len(self.columns))]
+        if self.json:
+            columns = [[None if v is None else json.loads(v) for v in c] for c in columns]
+        return zip(*columns)
+
+    def decode_weighted(self, table: pa.Table) -> Iterator[tuple[Row, int]]:
+        return zip(self.decode(table), table.column(WEIGHT).to_pylist())
+
+
+def _parse(type_name: str) -> DataType:
+    try:
+        parsed = DataType.fromDDL(type_name)
+    except Exception as e:
+        raise StoreError(f"unknown Spark SQL type {type_name!r}") from e
+    if not isinstance(parsed, AtomicType):
+        raise StoreError(f"column type {type_name!r} is not a scalar type")
+    return parsed
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ZlogStats:
+    """What a compaction policy looks at."""
+
+    files: int
+    rows: int
+    oldest_age_s: float
+    watermark: int
+    compacted_through: int
+
+
+@dataclass
+class _View:
+    name: str
+    meta: ViewMeta
+    codec: _Codec
+    zlog_orders: set[int]  # committed orders whose rows are in the z-log
+    lock: threading.RLock = field(default_factory=threading.RLock)  # commits, reads, swaps
+    compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
+    dropped: bool = False
+
+    def committed(self, order: int) -> bool:
+        return order in self.zlog_orders or _in_ranges(self.meta.compacted_orders, order)
+
+
+def _part_files(location: str) -> list[str]:
+    """Data files of a table directory (Spark skips names starting with '_' or '.')."""
+    path = Path(location)
+    if not path.is_dir():
+        return []
+    return sorted(str(p) for p in path.iterdir() if p.name.startswith("part-"))
+
+
+def _remove(*locations: str) -> None:
+    for location in locations:
+        shutil.rmtree(location, ignore_errors=True)
+
+
+class SparkStore:
+    """A ``ViewStore`` whose views are Spark tables that analysts can query with Spark SQL."""
+
+    def __init__(
+        self, spark: SparkSession, data_dir: Path, catalog: StoreCatalog | None = None
+    ) -> None:
+        self._spark = spark
+        self._root = Path(data_dir).resolve() / "views"
+        self._catalog = catalog or JsonStoreCatalog(Path(data_dir) / "store-catalog.json")
+        self._lock = threading.Lock()  # guards the _views dict only
+        self._views: dict[str, _View] = {}
+        self.commit_groups: list[int] = []  # sizes, as MemoryStore records them
+        for view in self._catalog.views():
+            record = self._catalog.load(view)
+            if record is not None:
+                self._views[view] = self._attach(view, ViewMeta.from_record(record))
+        self._remove_orphans()
+
+    # -- names and places --------------------------------------------------------------
+    @staticmethod
+    def zlog_table(view: str) -> str:
+        return ZLOG_PREFIX + view
+
+    @staticmethod
+    def base_table(view: str) -> str:
+        return BASE_PREFIX + view
+
+    def _location(self, view: str, kind: str, version: int) -> str:
+        return str(self._root / view / kind / f"v{version}")
+
+    def views(self) -> list[str]:
+        with self._lock:
+            return list(self._views)
+
+    def _state(self, view: str) -> _View:
+        with self._lock:
+            state = self._views.get(view)
+        if state is None:
+            raise StoreError(f"unknown view {view!r}")
+        return state
+
+    @staticmethod
+    @contextmanager
+    def _guard(state: _View) -> Iterator[_View]:
+        """Hold the view's lock; a view dropped while we waited for it is unknown."""
+        with state.lock:
+            if state.dropped:
+                raise StoreError(f"unknown view {state.name!r}")
+            yield state
+
+    def _hold(self, view: str) -> AbstractContextManager[_View]:
+        return self._guard(self._state(view))
+
+    # -- registration ------------------------------------------------------------------
+    def _attach(self, view: str, meta: ViewMeta) -> _View:
+        """Register a known view's tables in this session and load its committed orders."""
+        codec = _Codec(meta.columns, meta.types)
+        for table, location, schema in (
+            (self.base_table(view), meta.base_location, codec.base_schema),
+            (self.zlog_table(view), meta.zlog_location, codec.zlog_schema),
+        ):
+            Path(location).mkdir(parents=True, exist_ok=True)
+            self._spark.sql(f"DROP TABLE IF EXISTS {table}")
+            self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
+        orders = self._spark.sql(f"SELECT DISTINCT {ORDER} FROM {self.zlog_table(view)}")
+        state = _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
+        self._define_visible(state)
+        return state
+
+    def _remove_orphans(self) -> None:
+        """Delete directories no record points to: leftovers of a crash during create, drop
+        or compaction, which wrote them before (or deleted them after) the record changed."""
+        if not self._root.is_dir():
+            return
+        with self._lock:
+            live = {view: state.meta for view, state in self._views.items()}
+        for view_dir in self._root.iterdir():
+            meta = live.get(view_dir.name)
+            if meta is None:
+                shutil.rmtree(view_dir, ignore_errors=True)
+                continue
+            keep = {Path(meta.base_location), Path(meta.zlog_location)}
+            for version_dir in (*view_dir.glob("base/*"), *view_dir.glob("zlog/*")):
+                if version_dir not in keep:
+                    shutil.rmtree(version_dir, ignore_errors=True)
+
+    def _relocate(self, table: str, location: str) -> None:
+        self._spark.sql(f"ALTER TABLE {table} SET LOCATION {_sql_string(location)}")
+        self._spark.catalog.refreshTable(table)
+
+    # -- SQL ---------------------------------------------------------------------------
+    def _sums_sql(self, state: _View, as_of: int | None, keep: str) -> str:
+        """Summed weights per row over base plus z-log up to ``as_of``, filtered by ``keep``."""
+        view = state.name
+        cols = ", ".join(f"`{c}`" for c in state.meta.columns)
+        bound = "" if as_of is None else f" WHERE {ORDER} <= {int(as_of)}"
+        return (
+            f"SELECT {cols}, SUM({WEIGHT}) AS {WEIGHT} FROM ("
+            f"SELECT {cols}, {WEIGHT} FROM {self.base_table(view)} UNION ALL "
+            f"SELECT {cols}, {WEIGHT} FROM {self.zlog_table(view)}{bound}"
+            f") GROUP BY {cols} HAVING SUM({WEIGHT}) {keep}"
+        )
+
+    def _visible_sql(self, state: _View, as_of: int | None) -> str:
+        """Bag semantics: rows with a positive sum, each repeated as many times as its sum."""
+        cols = ", ".join(f"t.`{c}`" for c in state.meta.columns)
+        return (
+            f"SELECT {cols} FROM ({self._sums_sql(state, as_of, '> 0')}) t "
+            f"LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), t.{WEIGHT})) copies AS _copy"
+        )
+
+    def _define_visible(self, state: _View) -> None:
+        sql = self._visible_sql(state, state.meta.watermark)
+        self._spark.sql(f"CREATE OR REPLACE TEMP VIEW `{state.name}` AS {sql}")
+
+    @staticmethod
+    def _check_as_of(state: _View, as_of: int | None) -> None:
+        floor = state.meta.compacted_through
+        if as_of is not None and as_of < floor:
+            raise StoreError(
+                f"as_of {as_of} is older than the compacted state (order {floor}); "
+                f"states from as_of={floor} on are readable"
+            )
+
+    def _save(self, state: _View, meta: ViewMeta) -> None:
+        self._catalog.save(state.name, meta.to_record())
+        state.meta = meta
+
+    # -- ViewStore ---------------------------------------------------------------------
+    def create(self, view: str, columns: Sequence[str], types: Sequence[str] | None = None) -> None:
+        """Create an empty view. ``types`` are Spark SQL type names, one per column; without
+        them values are stored as JSON text, exact but awkward for analysts' SQL."""
+        _check_view_name(view)
+        cols = tuple(columns)
+        _check_columns(cols)
+        if types is not None and len(types) != len(cols):
+            raise StoreError(f"{len(types)} types for {len(cols)} columns")
+        normalized = None if types is None else tuple(_parse(t).simpleString() for t in types)
+        with self._lock:
+            existing = self._views.get(view)
+            if existing is not None:
+                if existing.meta.columns != cols or normalized not in (None, existing.meta.types):
+                    raise StoreError(f"view {view!r} exists with other columns")
+                return
+            for other in self._views:
+                if other.lower() == view.lower():
+                    raise StoreError(f"view {view!r} collides with view {other!r} in Spark SQL")
+            meta = ViewMeta(
+                columns=cols,
+                types=normalized,
+                base_location=self._location(view, "base", 0),
+                base_version=0,
+                zlog_location=self._location(view, "zlog", 0),
+                zlog_version=0,
+            )
+            self._catalog.save(view, meta.to_record())
+            self._views[view] = self._attach(view, meta)
+
+    def drop(self, view: str) -> None:
+        with self._lock:
+            state = self._views.pop(view, None)
+        if state is None:
+            return
+        with state.lock:
+            state.dropped = True
+            self._spark.catalog.dropTempView(view)
+            self._spark.sql(f"DROP TABLE IF EXISTS {self.zlog_table(view)}")
+            self._spark.sql(f"DROP TABLE IF EXISTS {self.base_table(view)}")
+            self._catalog.delete(view)
+            shutil.rmtree(self._root / view, ignore_errors=True)
+
+    def commit(self, view: str, effects: Sequence[Effect]) -> None:
+        """One Spark append for the whole group: a Spark job costs far more than its rows."""
+        with self._hold(view) as state:
+            fresh: dict[int, Effect] = {}
+            for effect in effects:
+                if effect.order not in fresh and not state.committed(effect.order):
+                    fresh[effect.order] = effect
+            if fresh:
+                table = state.codec.effects_table(list(fresh.values()))
+                frame = self._spark.createDataFrame(table, schema=state.codec.zlog_schema)
+                frame.coalesce(1).write.insertInto(self.zlog_table(view))
+                state.zlog_orders.update(fresh)
+            self.commit_groups.append(len(effects))
+
+    def publish(self, view: str, watermark: int) -> None:
+        """Record W and point the analysts' view at it."""
+        with self._hold(view) as state:
+            self._check_as_of(state, watermark)
+            self._save(state, replace(state.meta, watermark=watermark))
+            self._define_visible(state)
+
+    def published(self, view: str) -> int:
+        return self._state(view).meta.watermark
+
+    def read(self, view: str, as_of: int | None = None) -> ZSet:
+        """Summed signed weights; negative sums (owed deletes) are kept, zeros dropped."""
+        with self._hold(view) as state:
+            self._check_as_of(state, as_of)
+            table = self._spark.sql(self._sums_sql(state, as_of, "<> 0")).toArrow()
+        return ZSet(state.codec.decode_weighted(table))
+
+    def read_rows(self, view: str, as_of: int | None = None, latest: bool = False) -> list[Row]:
+        """What a SQL reader sees: as of the published watermark by default, as of ``as_of``,
+        or every committed effect with ``latest``; only positive rows, bag-expanded."""
+        if latest and as_of is not None:
+            raise StoreError("as_of and latest are exclusive")
+        with self._hold(view) as state:
+            bound = None if latest else state.meta.watermark if as_of is None else as_of
+            self._check_as_of(state, bound)
+            table = self._spark.sql(self._visible_sql(state, bound)).toArrow()
+        return list(state.codec.decode(table))
+
+    def committed_orders(self, view: str) -> set[int]:
+        with self._hold(view) as state:
+            folded = {o for lo, hi in state.meta.compacted_orders for o in range(lo, hi + 1)}
+            return state.zlog_orders | folded
+
+    def close(self) -> None:
+        """Nothing to release: the session is the process's, and the tables stay registered
+        for analysts until the process ends."""
+
+    # -- compaction --------------------------------------------------------------------
+    def zlog_stats(self, view: str) -> ZlogStats:
+        """Cheap figures from the file system and parquet footers, no Spark job."""
+        with self._hold(view) as state:
+            meta = state.meta
+            files = _part_files(meta.zlog_location)
+            rows = sum(pq.read_metadata(f).num_rows for f in files)
+            oldest = min((os.path.getmtime(f) for f in files), default=time.time())
+        age = time.time() - oldest
+        return ZlogStats(len(files), rows, age, meta.watermark, meta.compacted_through)
+
+    def compact(self, view: str) -> bool:
+        """Fold the z-log up to the published watermark into a new base version.
+
+        The heavy writes run without the view lock, from a snapshot of the z-log's files;
+        commits meanwhile append to the old z-log and are carried over to the new one under
+        the lock, together with the record update and the table swap. The record is the
+        commit point: a crash before it leaves the old versions current, after it the new.
+        Returns False when there was nothing to compact.
+        """
+        state = self._state(view)
+        with state.compaction:
+            with self._guard(state):
+                start = state.meta
+                snapshot = _part_files(start.zlog_location)
+                folded = {o for o in state.zlog_orders if o <= start.watermark}
+            if not snapshot:
+                return False
+            new_base = self._location(view, "base", start.base_version + 1)
+            new_zlog = self._location(view, "zlog", start.zlog_version + 1)
+            try:
+                self._write_compacted(state.codec, start, snapshot, new_base, new_zlog)
+                return self._swap(state, start, snapshot, folded, new_base, new_zlog)
+            except BaseException:
+                if state.meta.base_location != new_base:  # the record never pointed there
+                    _remove(new_base, new_zlog)
+                raise
+
+    def _swap(
+        self,
+        state: _View,
+        start: ViewMeta,
+        snapshot: Sequence[str],
+        folded: set[int],
+        new_base: str,
+        new_zlog: str,
+    ) -> bool:
+        """Under the view lock: carry over late commits, switch the record, then the tables."""
+        with self._guard(state):
+            if state.meta.watermark < start.watermark:  # W was lowered meanwhile: give up
+                _remove(new_base, new_zlog)
+                return False
+            late = sorted(set(_part_files(start.zlog_location)) - set(snapshot))
+            if late:
+                self._read(state.codec.zlog_schema, late).write.mode("append").parquet(new_zlog)
+            meta = replace(
+                state.meta,
+                base_location=new_base,
+                base_version=start.base_version + 1,
+                zlog_location=new_zlog,
+                zlog_version=start.zlog_version + 1,
+                compacted_through=start.watermark,
+                compacted_orders=tuple(_merge_ranges(list(start.compacted_orders), folded)),
+            )
+            self._save(state, meta)
+            state.zlog_orders -= folded
+            self._relocate(self.base_table(state.name), new_base)
+            self._relocate(self.zlog_table(state.name), new_zlog)
+            _remove(start.base_location, start.zlog_location)
+            return True
+
+    def _read(self, schema: StructType, paths: Sequence[str]) -> DataFrame:
+        return self._spark.read.schema(schema).parquet(*paths)
+
+    def _write_compacted(
+        self,
+        codec: _Codec,
+        start: ViewMeta,
+        zlog_files: Sequence[str],
+        new_base: str,
+        new_zlog: str,
+    ) -> None:
+        """New base: old base plus z-log rows up to W, summed, zeros dropped (negative sums
+        stay: a later insert must still cancel them). New z-log: the rows after W."""
+        bound = start.watermark
+        zlog = self._read(codec.zlog_schema, zlog_files)
+        base = self._read(codec.base_schema, [start.base_location])
+        upto = zlog.where(F.col(ORDER) <= bound).drop(ORDER)
+        summed = (
+            base.unionByName(upto)
+            .groupBy(*codec.columns)
+            .agg(F.sum(WEIGHT).alias(WEIGHT))
+            .where(F.col(WEIGHT) != 0)
+        )
+        summed.write.mode("overwrite").parquet(new_base)
+        zlog.where(F.col(ORDER) > bound).write.mode("overwrite").parquet(new_zlog)
