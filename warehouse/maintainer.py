@@ -48,6 +48,7 @@ class ViewCounters:
     compensations: int = 0
     commit_groups: list[int] = field(default_factory=list)
     peak_running: int = 0
+    commit_wait_seconds: list[float] = field(default_factory=list)  # effect ready -> committed
     last_commit_at: float | None = None
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
 
@@ -77,6 +78,7 @@ class ViewMaintainer:
         self.failed: str | None = None
         self.initial_order: int | None = None
         self._ready: dict[int, ZSet] = {}
+        self._ready_at: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._commit_wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -166,6 +168,7 @@ class ViewMaintainer:
         self.protocol.finish(unit)
         self.counters.units_maintained += 1
         self._ready[unit.order] = effect
+        self._ready_at[unit.order] = time.perf_counter()
         self._commit_wake.set()
         self._wake.set()
 
@@ -198,8 +201,10 @@ class ViewMaintainer:
         effects = [Effect(o, self._ready[o]) for o in group if self._ready[o]]
         if effects:
             await asyncio.to_thread(self.store.commit, self.name, effects)
+        now = time.perf_counter()
         for o in group:
             del self._ready[o]
+            self.counters.commit_wait_seconds.append(now - self._ready_at.pop(o))
         before = self.protocol.watermark
         watermark = self.protocol.mark_committed(group)
         await self.db("commit_units", self.name, group, watermark)

@@ -9,6 +9,11 @@ injected delay at the source, and each source answers q subqueries at a time. Fo
 the same run measures T(p) from resuming maintenance to the last commit, and prints the
 speedup T(1)/T(p) next to the cost model's prediction (eq. 15):
 ``T_PVM = ((n-1)/k + 1) t`` with ``k = min(p, m*q)``, so the model speedup is ``n / ((n-1)/k + 1)``.
+
+With ``--commit-modes out_of_order,arrival`` (the default) every p is measured twice: PVM
+commits each effect as soon as it is ready, PVM-CC (the paper's Fig. 17) holds it until
+every earlier effect is committed. The table shows both T(p) and the mean time an effect
+waits between being ready and being committed: what PVM-CC costs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-ms", type=float, default=50.0, help="injected cost of every subquery (default: 50)")
     parser.add_argument("--per-source-queries", type=int, default=1, help="q: subqueries a source answers at once (default: 1)")
     parser.add_argument("--parallelism", default="1,2,3,4,6,8,10", help="comma list of PPU sizes p (default: 1,2,3,4,6,8,10)")
+    parser.add_argument("--commit-modes", default="out_of_order,arrival", help="comma list of commit modes to measure (default: out_of_order,arrival)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here; a PNG plot goes next to it")
     parser.add_argument("--seed", type=int, default=1)
 
@@ -55,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     if args.sources < 2 or args.updates < 2 or args.rows < 1 or args.delay_ms < 0 or args.per_source_queries < 1:
         raise CliError("need --sources >= 2, --updates >= 2, --rows >= 1, --delay-ms >= 0, --per-source-queries >= 1")
     ps = parse_parallelism(args.parallelism)
-    results = asyncio.run(measure(args, ps))
+    requested = {m.strip() for m in args.commit_modes.split(",") if m.strip()}
+    modes = [m for m in ("out_of_order", "arrival") if m in requested]  # the first one is the main curve
+    if not modes or requested - set(modes):
+        raise CliError("--commit-modes takes out_of_order and/or arrival")
+    results = asyncio.run(measure(args, ps, modes))
     print_table(results, args)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +83,7 @@ def chain_view(name: str, m: int, p: int) -> str:
     return f"CREATE VIEW {name} AS SELECT {outs} FROM {rels} WHERE {where}"
 
 
-async def measure(args: argparse.Namespace, ps: list[int]) -> list[dict]:
+async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> list[dict]:
     from rich.progress import Progress
 
     from pvm.local import LocalDeployment
@@ -92,7 +102,8 @@ async def measure(args: argparse.Namespace, ps: list[int]) -> list[dict]:
                 db.execute(f"CREATE INDEX R{i}_b ON R{i} (B)")
                 db.executemany(f"INSERT INTO R{i} VALUES (?, ?)", [(rng.randrange(domain), rng.randrange(domain)) for _ in range(args.rows)])
             paths.append(path)
-        seconds: dict[int, float] = {}
+        seconds: dict[tuple[str, int], float] = {}
+        waits: dict[tuple[str, int], float] = {}
         async with LocalDeployment(data) as deployment:
             for i, path in enumerate(paths, start=1):
                 await deployment.add_sqlite_source(
@@ -101,29 +112,43 @@ async def measure(args: argparse.Namespace, ps: list[int]) -> list[dict]:
                 )
             manager = deployment.manager
             with Progress() as progress:
-                task = progress.add_task("measuring T(p)", total=len(ps))
+                task = progress.add_task("measuring T(p)", total=len(ps) * len(modes))
                 for p in ps:
-                    name = f"chain_p{p}"
-                    await manager.define_view(chain_view(name, m, p), parallelism=p)
-                    await manager.wait_idle(name, timeout=600)
-                    manager.view(name).maintainer.pause()
-                    await queue_updates(deployment, paths, n, rng, domain)
-                    started = time.perf_counter()
-                    manager.view(name).maintainer.resume()
-                    await manager.wait_idle(name, timeout=3600)
-                    seconds[p] = time.perf_counter() - started
-                    counters = manager.view(name).maintainer.counters
-                    if manager.view(name).maintainer.failed:
-                        raise CliError(f"maintenance failed: {manager.view(name).maintainer.failed}")
-                    if counters.units_committed < n + 1:
-                        raise CliError(f"expected {n} updates maintained at p={p}, got {counters.units_committed - 1}")
-                    await manager.drop_view(name)
-                    progress.update(task, advance=1, description=f"T({p}) = {seconds[p]:.2f} s")
+                    for mode in modes:
+                        name = f"chain_p{p}_{mode}"
+                        await manager.define_view(chain_view(name, m, p), parallelism=p, commit_mode=mode)
+                        await manager.wait_idle(name, timeout=600)
+                        maintainer = manager.view(name).maintainer
+                        maintainer.pause()
+                        await queue_updates(deployment, paths, n, rng, domain)
+                        maintainer.counters.commit_wait_seconds.clear()
+                        started = time.perf_counter()
+                        maintainer.resume()
+                        await manager.wait_idle(name, timeout=3600)
+                        seconds[mode, p] = time.perf_counter() - started
+                        if maintainer.failed:
+                            raise CliError(f"maintenance failed: {maintainer.failed}")
+                        if maintainer.counters.units_committed < n + 1:
+                            raise CliError(f"expected {n} updates maintained at p={p}, got {maintainer.counters.units_committed - 1}")
+                        waits[mode, p] = sum(maintainer.counters.commit_wait_seconds) / n
+                        await manager.drop_view(name)
+                        progress.update(task, advance=1, description=f"T({p}) {mode} = {seconds[mode, p]:.2f} s")
     capacity = m * args.per_source_queries
-    return [
-        {"p": p, "seconds": round(seconds[p], 4), "speedup": round(seconds[1] / seconds[p], 3), "model_speedup": round(model_speedup(n, p, capacity), 3)}
-        for p in ps
-    ]
+    main = modes[0]
+    results = []
+    for p in ps:
+        row = {
+            "p": p,
+            "seconds": round(seconds[main, p], 4),
+            "speedup": round(seconds[main, 1] / seconds[main, p], 3),
+            "model_speedup": round(model_speedup(n, p, capacity), 3),
+            "commit_wait_ms": round(1000 * waits[main, p], 2),
+        }
+        if "arrival" in modes and main != "arrival":
+            row["arrival_seconds"] = round(seconds["arrival", p], 4)
+            row["arrival_commit_wait_ms"] = round(1000 * waits["arrival", p], 2)
+        results.append(row)
+    return results
 
 
 async def queue_updates(deployment, paths: list[Path], n: int, rng: random.Random, domain: int) -> None:
@@ -147,10 +172,17 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     table = Table(title=f"PVM vs SWEEP: m={args.sources} sources, n={args.updates} updates, {args.delay_ms:g} ms/subquery, q={args.per_source_queries}")
-    for col in ("p", "T(p) s", "speedup T(1)/T(p)", "model (eq. 15)"):
+    arrival = "arrival_seconds" in results[0]
+    columns = ["p", "T(p) s", "speedup T(1)/T(p)", "model (eq. 15)", "commit wait ms"]
+    if arrival:
+        columns += ["PVM-CC T(p) s", "PVM-CC commit wait ms"]
+    for col in columns:
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(str(r["p"]), f"{r['seconds']:.2f}", f"{r['speedup']:.2f}", f"{r['model_speedup']:.2f}")
+        cells = [str(r["p"]), f"{r['seconds']:.2f}", f"{r['speedup']:.2f}", f"{r['model_speedup']:.2f}", f"{r['commit_wait_ms']:.1f}"]
+        if arrival:
+            cells += [f"{r['arrival_seconds']:.2f}", f"{r['arrival_commit_wait_ms']:.1f}"]
+        table.add_row(*cells)
     Console().print(table)
 
 
@@ -165,6 +197,8 @@ def plot(results: list[dict], args: argparse.Namespace, path: Path) -> None:
     left.plot(ps, [r["seconds"] for r in results], "o-", label="measured")
     t1 = results[0]["seconds"]
     left.plot(ps, [t1 / r["model_speedup"] for r in results], "s--", label="cost model (eq. 15)")
+    if "arrival_seconds" in results[0]:
+        left.plot(ps, [r["arrival_seconds"] for r in results], "^:", label="PVM-CC (arrival-order commits)")
     left.set_xlabel("PPU size p")
     left.set_ylabel("total maintenance time T (s)")
     left.legend()
