@@ -1,20 +1,29 @@
 """The wrapper's HTTP API (FastAPI): subqueries, Interest, health and schema of one source.
 
 Errors are ``{"detail": "<message>"}``: 400 for names the source does not have or malformed
-expressions, 422 for bodies that do not match the wire schema, 503 when the source cannot be
-used right now.
+expressions, 401 without the manager's token (when the wrapper has one), 422 for bodies that
+do not match the wire schema, 503 when the source cannot be used right now.
+
+Started with ``manager_token`` (``--manager-token`` / ``PVM_MANAGER_TOKEN``), the wrapper
+answers subqueries, interest and schema requests only with ``Authorization: Bearer <that
+token>``: the manager sends it once the source is registered with it. Health stays open.
+Without one, every request is answered: run such a wrapper on a trusted network only.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from api import application_changes
 from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.wrapper import Wrapper
@@ -44,8 +53,34 @@ class SourceInfo(BaseModel):
     tables: dict[str, TableInfo]
 
 
-def create_app(wrapper: Wrapper) -> FastAPI:
-    """The API of ``wrapper``; the app's lifespan starts and stops it."""
+log = logging.getLogger(__name__)
+_bearer = HTTPBearer(auto_error=False, scheme_name="manager_token", description="the wrapper's --manager-token")
+
+
+def _manager_only(token: str | None):
+    """A dependency admitting only requests that carry ``token`` (anything if it is None)."""
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+        if token is None:
+            return
+        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+            raise HTTPException(
+                status_code=401,
+                detail="this wrapper answers only the manager: send its --manager-token as a bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="pvm-wrapper"'},
+            )
+
+    return check
+
+
+def create_app(wrapper: Wrapper, manager_token: str | None = None, application_token: str | None = None) -> FastAPI:
+    """The API of ``wrapper``; the app's lifespan starts and stops it. With ``manager_token``,
+    only requests bearing it are answered (health excepted). With application capture,
+    ``POST /v1/changes`` takes the application's changes (bearing ``application_token``)."""
+    if not manager_token:
+        manager_token = None
+        log.warning("wrapper of %s runs without --manager-token: anyone who reaches it can query it", wrapper.config.source)
+    manager_only = [Depends(_manager_only(manager_token))]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -69,6 +104,10 @@ def create_app(wrapper: Wrapper) -> FastAPI:
     async def unavailable(_: Request, exc: WrapperError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def malformed(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(
@@ -76,11 +115,11 @@ def create_app(wrapper: Wrapper) -> FastAPI:
         )
         return JSONResponse({"detail": f"invalid request body: {problems}"}, status_code=422)
 
-    @app.post("/v1/subquery", response_model=SubqueryAnswer, summary="Join keys with a relation, with a watermark")
+    @app.post("/v1/subquery", response_model=SubqueryAnswer, summary="Join keys with a relation, with a watermark", dependencies=manager_only)
     async def subquery(body: Subquery) -> SubqueryAnswer:
         return await wrapper.answer(body)
 
-    @app.put("/v1/interest", response_model=InterestAck, summary="Replace what is shipped of each relation")
+    @app.put("/v1/interest", response_model=InterestAck, summary="Replace what is shipped of each relation", dependencies=manager_only)
     async def interest(body: Interest) -> InterestAck:
         return await wrapper.set_interest(body)
 
@@ -88,7 +127,7 @@ def create_app(wrapper: Wrapper) -> FastAPI:
     async def health() -> Health:
         return Health.model_validate(wrapper.health())
 
-    @app.get("/v1/schema", response_model=SourceInfo, summary="Columns, SQL types and primary keys")
+    @app.get("/v1/schema", response_model=SourceInfo, summary="Columns, SQL types and primary keys", dependencies=manager_only)
     async def schema() -> SourceInfo:
         return SourceInfo(
             source=wrapper.config.source,
@@ -101,4 +140,6 @@ def create_app(wrapper: Wrapper) -> FastAPI:
             },
         )
 
+    if wrapper.config.capture.method == "application":
+        application_changes.add_routes(app, wrapper, application_token)
     return app

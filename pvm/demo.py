@@ -41,15 +41,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=None, help="where the sources and the catalog go (default: a new temporary directory)")
     parser.add_argument("--transactions", type=int, default=400, help="source transactions the writers commit (default: 400)")
     parser.add_argument("--writers", type=int, default=3, help="concurrent writer threads (default: 3)")
+    parser.add_argument("--rate", type=float, default=100.0, help="source transactions per second, all writers together (default: 100)")
     parser.add_argument("--parallelism", type=int, default=4, help="PPU size p of the view (default: 4)")
     parser.add_argument("--query-delay-ms", type=float, default=5.0, help="extra cost of every subquery at the sources (default: 5)")
-    parser.add_argument("--store", choices=["memory", "spark"], default="memory", help="view store (default: memory)")
+    parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="view store: Spark tables, or in memory (default: spark)")
     parser.add_argument("--seed", type=int, default=7, help="random seed of the data and the workload")
+    parser.add_argument("--serve", action="store_true", help="after the verification, keep the manager and the wrappers running to explore (Ctrl-C stops)")
+    parser.add_argument("--port", type=int, default=8000, help="with --serve: the manager's port (default: 8000)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.transactions < 0 or args.writers < 1 or args.parallelism < 1:
-        raise CliError("--transactions must be >= 0, --writers and --parallelism >= 1")
+    if args.transactions < 0 or args.writers < 1 or args.parallelism < 1 or args.rate <= 0:
+        raise CliError("--transactions must be >= 0, --writers and --parallelism >= 1, --rate > 0")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="pvm-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     return asyncio.run(Demo(args, data_dir).run())
@@ -152,7 +155,7 @@ class Demo:
         shutil.rmtree(self.data_dir / "spark", ignore_errors=True)
         shutil.rmtree(self.data_dir / "wrappers", ignore_errors=True)
         store = open_store(self.args.store, self.data_dir, None, catalog_url(self.data_dir))
-        async with LocalDeployment(self.data_dir, store) as deployment:
+        async with LocalDeployment(self.data_dir, store, port=self.args.port if self.args.serve else 0) as deployment:
             for source, (table, _) in SCHEMAS.items():
                 await deployment.add_sqlite_source(
                     source, paths[source], [table], query_delay_ms=self.args.query_delay_ms, max_concurrent_queries=2
@@ -161,18 +164,24 @@ class Demo:
                 f"manager on {deployment.url}; wrappers: "
                 + ", ".join(f"{name} {w.url}" for name, w in deployment.wrappers.items())
             )
-            async with httpx.AsyncClient(base_url=deployment.url, timeout=60) as api:
+            async with httpx.AsyncClient(base_url=deployment.url, timeout=60, headers=deployment.headers()) as api:
                 progress = Progress()
-                writers = self._start_writers(paths, progress)
-                await asyncio.sleep(0.2)  # the view is defined while the sources change
                 await _ok(api.post("/v1/views", json={"sql": VIEW_SQL, "parallelism": self.args.parallelism}))
+                writers = self._start_writers(paths, progress)  # the initial load runs under these writes
                 await self._watch(api, console, progress)
                 for t in writers:
                     t.join()
                 await deployment.wait_shipped()
                 await deployment.manager.wait_idle(VIEW_NAME, timeout=300)
                 status = (await api.get(f"/v1/views/{VIEW_NAME}")).json()
-                return await self._verify(api, console, paths, status, progress)
+                verified = await self._verify(api, console, paths, status, progress)
+            console.print(explore_commands(self.data_dir, deployment if self.args.serve else None), soft_wrap=True, highlight=False)
+            if self.args.serve:
+                try:
+                    await asyncio.Event().wait()  # until Ctrl-C
+                finally:
+                    console.print("stopping the wrappers and the manager")
+            return verified
 
     def _start_writers(self, paths: dict[str, Path], progress: Progress) -> list[threading.Thread]:
         lock = threading.Lock()
@@ -190,7 +199,7 @@ class Demo:
                 one_transaction(paths, rng, next_id)
                 with lock:
                     progress.committed += 1
-                time.sleep(rng.uniform(0, 0.01))
+                time.sleep(rng.uniform(0, 2 * self.args.writers / self.args.rate))  # paced: ~rate tx/s
 
         threads = [threading.Thread(target=writer, args=(s,), daemon=True) for s in seeds]
         for t in threads:
@@ -264,9 +273,40 @@ def _status_table(status: dict, progress: Progress, total: int, parallelism: int
     t.add_row("watermark W", str(status["watermark"]))
     t.add_row("queued (UMQ) / running (PPU)", f"{status['updates_queued']} / {status['units_running']} of {parallelism}")
     t.add_row("compensations", str(c["compensations"]))
-    t.add_row("lag", f"{status['lag_seconds']:.2f} s")
+    t.add_row("lag behind the sources", f"{status.get('lag_updates', 0)} updates, {status['lag_seconds']:.2f} s")
     t.add_row("state", status["state"])
     return t
+
+
+def explore_commands(data_dir: Path, deployment=None) -> str:
+    """What to try next (rich markup): with a running deployment, ready-to-paste commands with
+    its address and tokens; without one, how to get one."""
+    url = deployment.url if deployment is not None else "http://127.0.0.1:8000"
+    steps: list[tuple[str, str]] = []
+    if deployment is None:
+        steps.append(("the same demo, then the manager and the wrappers stay up (Ctrl-C stops them) "
+                      "and it prints these commands with its tokens", "pvm demo --serve"))
+        token = "<the analyst token it prints>"
+    else:
+        token = deployment.analyst_token
+    steps += [
+        ("in another terminal, as an analyst (reads views, runs queries)", f"export PVM_MANAGER={url} PVM_TOKEN={token}"),
+        ("status, watermark W, lag, maintenance counters", f"pvm view show {VIEW_NAME}"),
+        ("the view as of W: a state the sources really had", f"pvm view rows {VIEW_NAME} --limit 10"),
+        ("Spark SQL over the view (read-only)",
+         f'pvm query "SELECT region, COUNT(*) AS orders, SUM(qty) AS items FROM {VIEW_NAME} GROUP BY region"'),
+        ("change a source, then read the view again", f"sqlite3 {data_dir / 'shop.db'} \"UPDATE orders SET qty = 5 WHERE id = 1\""),
+        ("the API with examples (Authorize with a token)", f"{url}/docs"),
+    ]
+    if deployment is not None:
+        steps += [
+            ("Prometheus metrics", f"curl -s {url}/metrics | grep ^pvm_view"),
+            ("as the administrator (define and drop views, create tokens)", f"export PVM_TOKEN={deployment.admin_token}"),
+        ]
+    lines = ["[bold]keep exploring[/bold]" + (f": the manager keeps running on {url}, Ctrl-C stops it" if deployment else "")]
+    for comment, command in steps:
+        lines += [f"  [dim]# {comment}[/dim]", f"  [cyan]{command}[/cyan]"]
+    return "\n".join(lines)
 
 
 async def _ok(response_awaitable) -> dict:

@@ -1,9 +1,14 @@
 """A whole deployment on one machine: the manager served from this process and one wrapper
-process per SQLite source, talking real HTTP. The demo and the benchmarks run on it."""
+process per SQLite source, talking real HTTP. The demo and the benchmarks run on it.
+
+It needs no setup: it creates its own tokens in the catalog (an admin and an analyst token
+for its users, a wrapper token per source) and a manager token per wrapper, exactly as an
+administrator would with ``pvm token create`` and ``--manager-token``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from pvm.cli import CliError
@@ -14,7 +19,7 @@ def catalog_url(data_dir: Path) -> str:
 
 
 class LocalDeployment:
-    def __init__(self, data_dir: Path, store=None) -> None:
+    def __init__(self, data_dir: Path, store=None, port: int = 0) -> None:
         from warehouse.manager import Manager
         from warehouse.store.memory import MemoryStore
 
@@ -22,19 +27,34 @@ class LocalDeployment:
         self.manager = Manager(catalog_url(data_dir), store or MemoryStore())
         self.wrappers: dict[str, object] = {}
         self.url = ""
+        self.port = port
+        self.admin_token = ""
+        self.analyst_token = ""
 
     async def __aenter__(self) -> LocalDeployment:
+        from api.auth import issue
         from api.manager_app import create_app
         from pvm.serving import http_url, listen, start_serving, uvicorn_server
 
-        sock = listen("127.0.0.1", 0)
+        try:
+            sock = listen("127.0.0.1", self.port)
+        except OSError as exc:
+            raise CliError(f"cannot listen on 127.0.0.1:{self.port}: {exc}") from exc
         self.url = http_url(sock)
         self._server = uvicorn_server(create_app(self.manager))
+        self._server.capture_signals = contextlib.nullcontext  # Ctrl-C is the embedding program's
         try:
             self._serving = await start_serving(self._server, sock)
         except RuntimeError as exc:
             raise CliError(f"the manager did not start: {exc}") from exc
+        self.admin_token = (await issue(self.manager, "admin", name="local deployment"))[1]
+        self.analyst_token = (await issue(self.manager, "analyst", name="local deployment"))[1]
         return self
+
+    def headers(self, role: str = "admin") -> dict[str, str]:
+        """HTTP headers authenticating as this deployment's admin (or analyst)."""
+        token = self.admin_token if role == "admin" else self.analyst_token
+        return {"Authorization": f"Bearer {token}"}
 
     async def __aexit__(self, *exc) -> None:
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in self.wrappers.values()))
@@ -43,15 +63,20 @@ class LocalDeployment:
 
     async def add_sqlite_source(self, name: str, path: Path, tables: list[str], **wrapper_options):
         """Start a wrapper process for an SQLite database and register it with the manager."""
+        import secrets
+
+        from api.auth import issue
         from wrappers.process import start_wrapper
 
+        wrapper_token = (await issue(self.manager, "wrapper", source=name, name=f"local wrapper of {name}"))[1]
+        manager_token = secrets.token_urlsafe(32)
         wrapper = await asyncio.to_thread(
             start_wrapper, name, f"sqlite:///{path}", tables, self.url,
             state_dir=self.data_dir / "wrappers" / name, log_path=self.data_dir / f"wrapper-{name}.log",
-            **wrapper_options,
+            token=wrapper_token, manager_token=manager_token, **wrapper_options,
         )
         self.wrappers[name] = wrapper
-        await self.manager.add_source(name, wrapper.url, "trigger", tables)
+        await self.manager.add_source(name, wrapper.url, "trigger", tables, manager_token=manager_token)
         return wrapper
 
     async def wait_shipped(self, timeout: float = 60.0) -> None:

@@ -17,8 +17,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
-    parser.add_argument("--store", choices=["memory", "spark"], default="memory", help="where views live (default: memory)")
+    parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="where views live: Spark tables, or in memory for quick runs (default: spark)")
     parser.add_argument("--spark-master", default=None, help="Spark master URL (default: embedded local[*])")
+    parser.add_argument("--connect-host", default=None, help="interface of the Spark Connect server for analysts (default: --host)")
+    parser.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port; 0 picks a free one, -1 starts no server (default: 15002)")
+    parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
     parser.add_argument("--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
 
@@ -41,7 +44,30 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
 
     spark_dir = data_dir / "spark"
     spark = get_spark(master, spark_dir / "warehouse")
-    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)))
+    # old versions of compacted tables stay a minute for analysts' queries still reading them
+    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=60.0)
+
+
+def announce_first_admin_token(url: str) -> None:
+    """On a catalog without a usable admin token, create one and show it (once, on stderr)."""
+    import sys
+
+    from api.auth import ensure_admin_token
+    from warehouse.catalog.db import Catalog
+
+    catalog = Catalog(url)
+    try:
+        token = ensure_admin_token(catalog)
+    finally:
+        catalog.close()
+    if token is not None:
+        print(
+            "pvm serve: the catalog had no admin token, so one was created. It is shown only now:\n"
+            f"  export PVM_TOKEN={token}\n"
+            "More tokens: pvm token create --role admin|analyst|wrapper [--source S]",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,11 +79,43 @@ def run(args: argparse.Namespace) -> int:
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
     url = catalog_url(args.data_dir, args.catalog)
+    announce_first_admin_token(url)
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
     store = open_store(args.store, args.data_dir, args.spark_master, url)
-    manager = Manager(url, store, commit_group_size=args.commit_group_size)
-    server = uvicorn_server(create_app(manager))
-    return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+    background = start_spark_services(store, args) if args.store == "spark" else []
+    try:
+        manager = Manager(url, store, commit_group_size=args.commit_group_size)
+        server = uvicorn_server(create_app(manager))
+        return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+    finally:
+        for stop in reversed(background):
+            stop()
+
+
+CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
+
+
+def start_spark_services(store, args: argparse.Namespace) -> list:
+    """The Spark store's companions: background compaction, and the Spark Connect server
+    analysts query the views through (its address goes to stdout). Returns their stoppers."""
+    from warehouse.store.compaction import Compactor
+    from warehouse.store.spark_connect import ConnectError, start_connect_server, stop_connect_server
+
+    if args.compaction_interval <= 0:
+        raise CliError("--compaction-interval must be positive")
+    compactor = Compactor(store, interval_s=args.compaction_interval)
+    compactor.start()
+    stoppers = [compactor.stop]
+    if args.connect_port >= 0:
+        host = args.connect_host or args.host
+        try:
+            connect = start_connect_server(store.spark, host, args.connect_port, os.environ.get(CONNECT_TOKEN_ENV) or None)
+        except ConnectError as exc:
+            compactor.stop()
+            raise CliError(f"{exc} (--connect-port -1 runs without Spark Connect)") from exc
+        stoppers.append(lambda: stop_connect_server(store.spark))
+        print(f"spark connect on {connect.url}", flush=True)
+    return stoppers

@@ -96,12 +96,17 @@ async def test_real_wrappers_match_recomputation(tmp_path, seed, parallelism, co
         for source, (table, _) in SOURCES.items():
             await deployment.add_sqlite_source(source, paths[source], [table], query_delay_ms=8, max_concurrent_queries=2)
         errors: list = []
-        threads = [threading.Thread(target=writer, args=(paths, seed * 10 + i, 40, errors)) for i in range(3)]
-        for t in threads:
-            t.start()
-        time.sleep(0.05)
+
+        def wave(base: int) -> list[threading.Thread]:
+            threads = [threading.Thread(target=writer, args=(paths, base + i, 25, errors)) for i in range(3)]
+            for t in threads:
+                t.start()
+            return threads
+
+        during = wave(seed * 10)  # the initial load runs while these write
         await manager.define_view(VIEW, "v", parallelism=parallelism, commit_mode=commit_mode)
-        while any(t.is_alive() for t in threads):
+        after = wave(seed * 10 + 5)  # and these are surely maintained after it
+        while any(t.is_alive() for t in during + after):
             await _sleep(0.05)
         assert not errors, errors
         await deployment.wait_shipped()

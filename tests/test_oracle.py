@@ -176,8 +176,8 @@ class ClampingStore(MemoryStore):
         super().__init__()
         self.current: dict[str, ZSet] = {}
 
-    def create(self, view, columns) -> None:
-        super().create(view, columns)
+    def create(self, view, columns, types=None) -> None:
+        super().create(view, columns, types)
         self.current.setdefault(view, ZSet())
 
     def commit(self, view, effects) -> None:

@@ -114,8 +114,8 @@ def test_clear_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "missing.db").exists()
     with pytest.raises(WrapperError, match="in-memory"):
         capture.open_engine("sqlite://")
-    with pytest.raises(WrapperError, match="not implemented for postgresql"):
-        dialect_for("postgresql://localhost/db")
+    with pytest.raises(WrapperError, match="not implemented for oracle"):
+        dialect_for("oracle://localhost/db")
     with pytest.raises(WrapperError, match="not a database URL"):
         dialect_for("no url at all")
     engine = capture.open_engine(url)

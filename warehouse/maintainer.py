@@ -79,6 +79,7 @@ class ViewMaintainer:
         self.initial_order: int | None = None
         self._ready: dict[int, ZSet] = {}
         self._ready_at: dict[int, float] = {}
+        self._committing = False  # a group is between the store write and the published W
         self._wake = asyncio.Event()
         self._commit_wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -198,6 +199,13 @@ class ViewMaintainer:
             self._check_idle()
 
     async def _commit(self, group: list[int]) -> None:
+        self._committing = True
+        try:
+            await self._commit_group(group)
+        finally:
+            self._committing = False
+
+    async def _commit_group(self, group: list[int]) -> None:
         effects = [Effect(o, self._ready[o]) for o in group if self._ready[o]]
         if effects:
             await asyncio.to_thread(self.store.commit, self.name, effects)
@@ -219,12 +227,14 @@ class ViewMaintainer:
 
     # -- quiescence ------------------------------------------------------------------------------
     def _check_idle(self) -> None:
-        if self.protocol.quiet and not self._ready and not self._tasks:
+        if self.idle:
             self._idle.set()
 
     @property
     def idle(self) -> bool:
-        return self.failed is not None or (self.protocol.quiet and not self._ready and not self._tasks)
+        """Nothing queued, running, waiting for commit or being published."""
+        busy = not self.protocol.quiet or self._ready or self._tasks or self._committing
+        return self.failed is not None or not busy
 
     async def wait_idle(self) -> None:
         while not self.idle:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,10 @@ from warehouse.receiver import Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
+from warehouse.store.types import spark_type
 from warehouse.zset import ZSet
+
+log = logging.getLogger(__name__)
 
 Connect = Callable[[str, str], SourceClient]
 
@@ -61,7 +65,8 @@ class Manager:
     ) -> None:
         self.catalog_url = catalog_url
         self.store = store
-        self.connect = connect or (lambda name, url: HttpSourceClient(name, url))
+        self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
+        self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.switches = switches or Switches()
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
@@ -73,6 +78,7 @@ class Manager:
         self.receiver = Receiver(self.db, self._release, self._receiver_schema)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
+        self._background: set[asyncio.Task] = set()
 
     # -- plumbing -----------------------------------------------------------------------------
     async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -84,14 +90,27 @@ class Manager:
         loop = asyncio.get_running_loop()
         self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url)
         for name, info in (await self.db("sources")).items():
+            if info.manager_token:
+                self.manager_tokens[name] = info.manager_token
             self._register_source(name, info.wrapper_url, info.relations)
             self.receiver.recover(name, await self.db("log_entries", name, 0))
         for info in (await self.db("views")).values():
             await self._recover_view(info)
-        for source in self.clients:
-            await self._push_interest(source)
+        # Resend the views' interest in the background: a wrapper may be busy resending
+        # updates to this very manager, which only answers once start() has returned.
+        self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
+
+    async def _resync_interest(self) -> None:
+        for source in list(self.clients):
+            try:
+                await self._push_interest(source)
+            except Exception:  # the wrapper keeps its stored interest; a view change resends it
+                log.warning("could not resend the interest of source %s", source, exc_info=True)
 
     async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         for handle in self.views.values():
             await handle.maintainer.stop()
         for client in self.clients.values():
@@ -101,12 +120,20 @@ class Manager:
         self._executor.shutdown(wait=True)
 
     # -- sources ----------------------------------------------------------------------------
-    async def add_source(self, name: str, wrapper_url: str, capture: str = "trigger", tables: list[str] | None = None) -> dict[str, RelationInfo]:
+    async def add_source(
+        self, name: str, wrapper_url: str, capture: str = "trigger", tables: list[str] | None = None,
+        manager_token: str | None = None,
+    ) -> dict[str, RelationInfo]:
+        """Register a source; ``manager_token`` is the bearer token its wrapper expects from
+        the manager (the wrapper's ``--manager-token``), kept in the catalog."""
         if not _identifier(name):
             raise ManagerError(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
         if name in self.clients:
             raise ManagerError(f"source {name!r} is already registered", 409)
+        if manager_token:
+            self.manager_tokens[name] = manager_token
         client = self.connect(name, wrapper_url)
+        self.manager_tokens.pop(name, None)  # kept below, once the source is registered
         try:
             schema = await client.schema()
         except Exception as exc:
@@ -121,10 +148,12 @@ class Manager:
             for t, s in schema.items()
             if tables is None or t in tables
         }
-        await self.db("add_source", name, wrapper_url, capture, list(relations.values()))
+        await self.db("add_source", name, wrapper_url, capture, list(relations.values()), manager_token)
         self.clients[name] = client
         self.relations[name] = relations
         self.wrapper_urls[name] = wrapper_url
+        if manager_token:
+            self.manager_tokens[name] = manager_token
         self.receiver.recover(name, [])
         return relations
 
@@ -169,9 +198,16 @@ class Manager:
             plan = parse_view(sql, self._schema, name)
         except ViewDefinitionError as exc:
             raise ManagerError(str(exc), 422) from exc
+        types = self._output_types(plan)
         async with self._define_lock:
             if plan.name in self.views:
                 raise ManagerError(f"view {plan.name!r} already exists", 409)
+            check = getattr(self.store, "check_new_view", None)  # names the store can live with
+            if check is not None:
+                try:
+                    check(plan.name, plan.output_names, types)
+                except StoreError as exc:
+                    raise ManagerError(str(exc), 422) from exc
             info = ViewInfo(plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time())
             handle = self._new_handle(info, plan, ViewProtocol(parallelism, batch_size, switches=self.switches))
             self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
@@ -179,7 +215,7 @@ class Manager:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
                 await self.db("add_view", info)
-                await asyncio.to_thread(self.store.create, plan.name, plan.output_names)
+                await asyncio.to_thread(self.store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
                 raise
@@ -200,6 +236,17 @@ class Manager:
         await asyncio.to_thread(self.store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
+
+    def _output_types(self, plan: ViewPlan) -> list[str | None]:
+        """Spark SQL types of the view's columns, from the types its sources declare."""
+        aliases = {r.alias: r for r in plan.relations}
+        types: list[str | None] = []
+        for out in plan.outputs:
+            ref = aliases[out.column.relation]
+            rel = self.relations.get(ref.source, {}).get(ref.table)
+            known = rel is not None and out.column.name in rel.columns and len(rel.types) == len(rel.columns)
+            types.append(spark_type(rel.types[rel.columns.index(out.column.name)]) if known else None)
+        return types
 
     def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
         settings = ViewSettings(info.parallelism, info.batch_size, info.commit_mode, self.commit_group_size, self.commit_linger)
@@ -295,6 +342,22 @@ class Manager:
             raise ManagerError(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422)
         try:
             return self.store.read(name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of))
+        except StoreError as exc:
+            raise ManagerError(str(exc), 422) from exc
+
+    def read_rows(self, name: str, as_of: int | None = None, latest: bool = False) -> list[tuple]:
+        """What a SQL reader of the view sees (positive rows, each repeated by its weight) as
+        of W (default), a given order, or every commit; from the store's own bag reader where
+        it has one (Spark), else expanded from the weights. Blocking: call it off the loop."""
+        handle = self.view(name)
+        watermark = handle.maintainer.protocol.watermark
+        if as_of is not None and as_of > watermark:
+            raise ManagerError(f"as_of {as_of} is beyond the view's watermark {watermark}", 422)
+        reader = getattr(self.store, "read_rows", None)
+        if reader is None:
+            return self.read(name, as_of, latest).expand()
+        try:
+            return reader(name, latest=True) if latest else reader(name, as_of=watermark if as_of is None else as_of)
         except StoreError as exc:
             raise ManagerError(str(exc), 422) from exc
 

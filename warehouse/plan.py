@@ -130,6 +130,42 @@ class ViewPlan:
         return lambda row: tuple(row[i] for i in idx)
 
 
+def path_order(refs: tuple[RelationRef, ...], join: tuple[Expr, ...]) -> tuple[RelationRef, ...]:
+    """The relations along their join path, when the join graph is one.
+
+    SWEEP joins a delta with its left neighbours, then its right ones; a neighbour that
+    shares no predicate with the partial result is a cross product. When the relations
+    form a path in the join graph (a chain, or a star of three), ordering them along it
+    leaves no cross product for any changed relation. Other shapes keep the FROM order.
+
+    >>> from warehouse.expr import Col, Cmp
+    >>> o, c, p = (RelationRef(a, "s", a, ("k",)) for a in ("o", "c", "p"))
+    >>> star = (Cmp("=", Col("o", "k"), Col("c", "k")), Cmp("=", Col("o", "k"), Col("p", "k")))
+    >>> [r.alias for r in path_order((o, c, p), star)]
+    ['c', 'o', 'p']
+    """
+    aliases = [r.alias for r in refs]
+    edges: dict[str, set[str]] = {a: set() for a in aliases}
+    for conjunct in join:
+        rels = relations(conjunct)
+        if len(rels) == 2:
+            a, b = sorted(rels)
+            edges[a].add(b)
+            edges[b].add(a)
+    ends = [a for a in aliases if len(edges[a]) == 1]
+    if len(aliases) < 3 or len(ends) != 2 or any(len(e) > 2 for e in edges.values()):
+        return refs
+    path, previous = [ends[0]], None
+    while len(path) < len(aliases):
+        step = [b for b in edges[path[-1]] if b != previous]
+        if len(step) != 1:
+            return refs  # not connected: no single path
+        previous = path[-1]
+        path.append(step[0])
+    by_alias = {r.alias: r for r in refs}
+    return tuple(by_alias[a] for a in path)
+
+
 def sweep_order(k: int, n: int) -> list[int]:
     """SWEEP's subquery order for a change of relation k among n relations."""
     return list(range(k - 1, -1, -1)) + list(range(k + 1, n))

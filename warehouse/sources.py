@@ -20,6 +20,8 @@ from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 
 log = logging.getLogger(__name__)
 
+SCHEMA_RETRY_SECONDS = 15.0
+
 
 @dataclass(frozen=True)
 class TableSchema:
@@ -60,11 +62,11 @@ class HttpSourceClient:
         )
         self._retry_seconds = retry_seconds
 
-    async def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+    async def _call(self, method: str, path: str, body: dict | None = None, retry_seconds: float | None = None) -> dict:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             wait=wait_exponential(multiplier=0.05, max=5.0),
-            stop=stop_after_delay(self._retry_seconds),
+            stop=stop_after_delay(self._retry_seconds if retry_seconds is None else retry_seconds),
             reraise=True,
         ):
             with attempt:
@@ -77,7 +79,8 @@ class HttpSourceClient:
         raise AssertionError("unreachable")
 
     async def schema(self) -> dict[str, TableSchema]:
-        data = await self._call("GET", "/v1/schema")
+        # Asked when a source is registered: an administrator waits for the answer.
+        data = await self._call("GET", "/v1/schema", retry_seconds=min(self._retry_seconds, SCHEMA_RETRY_SECONDS))
         return {
             table: TableSchema(
                 tuple(c["name"] for c in info["columns"]),
@@ -92,6 +95,12 @@ class HttpSourceClient:
 
     async def set_interest(self, interest: Interest) -> int:
         return InterestAck.model_validate(await self._call("PUT", "/v1/interest", interest.model_dump())).boundary
+
+    async def health(self, timeout: float = 2.0) -> dict:
+        """The wrapper's ``/v1/health``, asked once without retries (for status pages)."""
+        response = await self._http.get("/v1/health", timeout=timeout)
+        response.raise_for_status()
+        return response.json()
 
     async def aclose(self) -> None:
         await self._http.aclose()

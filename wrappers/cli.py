@@ -16,6 +16,25 @@ from pathlib import Path
 from pvm.cli import CliError
 
 TOKEN_ENV = "PVM_WRAPPER_TOKEN"
+APPLICATION_TOKEN_ENV = "PVM_APPLICATION_TOKEN"
+CAPTURE_HELP = """capture methods (--capture):
+  trigger      triggers write every committed row change to an outbox table in the source
+               (SQLite, PostgreSQL, MariaDB/MySQL InnoDB); sees inserts, updates, deletes and
+               key changes, one source transaction per update; needs the right to create
+               tables and triggers. MariaDB: TRUNCATE is not captured.
+  timestamp    polls a last-modified column (--timestamp-column) into a replica kept in the
+               state directory (Carnes TS); needs a primary key; installs nothing. Limits:
+               TS cannot see deletes (deleted rows stay in the views) and reports a key
+               change as an insert of the new key. With --delete-flag-column (Carnes TDI)
+               writers flag rows instead of deleting them and deletes are seen. Either way a
+               row is missed if its transaction commits more than --settle-seconds after
+               stamping it, or if it is stamped below what was already read.
+  application  the application posts its committed transactions to POST /v1/changes;
+               the source URL is read once for the schema and the initial copy into the
+               replica. Needs a primary key; sees what the application reports.
+timestamp and application capture answer subqueries from the replica, which holds exactly
+the shipped updates (see docs/capture.md)."""
+MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
 
 
 def _positive_int(text: str) -> int:
@@ -40,13 +59,36 @@ def _non_negative_float(text: str) -> float:
 
 
 def _source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", required=True, help="SQLAlchemy URL of the source database, e.g. sqlite:///shop.db")
+    parser.add_argument(
+        "--url",
+        required=True,
+        help="SQLAlchemy URL of the source database, e.g. sqlite:///shop.db, "
+        "postgresql://user@host/db, mysql://user@host/db",
+    )
     parser.add_argument(
         "--tables", required=True, help="comma-separated tables whose changes are captured, e.g. orders,customers"
     )
+    parser.add_argument(
+        "--capture",
+        default="trigger",
+        choices=["trigger", "timestamp", "application"],
+        help="how changes are captured (default: trigger; see below)",
+    )
+    parser.add_argument("--timestamp-column", help="timestamp capture: the last-modified column of every table")
+    parser.add_argument("--delete-flag-column", help="timestamp capture (TDI): the column writers set to delete a row")
+    parser.add_argument(
+        "--settle-seconds",
+        type=_non_negative_float,
+        default=5.0,
+        help="timestamp capture: longest time between stamping a row and committing it (default: 5)",
+    )
+    parser.epilog = CAPTURE_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = CAPTURE_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="wrapper_command", required=True, metavar="ACTION")
 
     run_p = sub.add_parser(
@@ -62,6 +104,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=os.environ.get(TOKEN_ENV),
         help=f"bearer token of this source's wrapper role at the manager (default: ${TOKEN_ENV})",
+    )
+    run_p.add_argument(
+        "--manager-token",
+        default=os.environ.get(MANAGER_TOKEN_ENV),
+        help="secret the manager must send to query this wrapper; give the same value when registering the "
+        f"source (default: ${MANAGER_TOKEN_ENV}; without one the wrapper answers anyone)",
+    )
+    run_p.add_argument(
+        "--application-token",
+        default=os.environ.get(APPLICATION_TOKEN_ENV),
+        help=f"application capture: secret the application must send with its changes (default: ${APPLICATION_TOKEN_ENV})",
     )
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
@@ -95,9 +148,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
     for name, text in (
-        ("install", "create the outbox and the capture triggers of the tables (idempotent)"),
+        ("install", "create the outbox and the capture triggers of the tables (idempotent); "
+         "other capture methods: check that the tables can be captured"),
         ("uninstall", "drop the capture triggers of the tables, and the outbox once none is left (idempotent)"),
-    ):
+    ):  # fmt: skip
         _source_arguments(sub.add_parser(name, help=text, description=text))
 
 
@@ -108,13 +162,29 @@ def _tables(text: str) -> tuple[str, ...]:
     return tables
 
 
+def _capture_config(args: argparse.Namespace):
+    from wrappers.capture import CaptureConfig
+
+    return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds)
+
+
 def run(args: argparse.Namespace) -> int:
     from wrappers.errors import WrapperError
 
     try:
         if args.wrapper_command == "run":
             return _serve(args)
-        from wrappers.capture import dialect_for
+        from wrappers.capture import check_source, dialect_for
+
+        config = _capture_config(args)
+        if config.method != "trigger":
+            tables = _tables(args.tables)
+            if args.wrapper_command == "install":
+                check_source(config, args.url, tables)
+                print(f"{config.method} capture can capture {', '.join(tables)}; it installs nothing in the source")
+            else:
+                print(f"{config.method} capture installs nothing in the source")
+            return 0
 
         dialect = dialect_for(args.url)
         engine = dialect.open_engine(args.url)
@@ -156,13 +226,16 @@ def _serve(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         query_delay_ms=args.query_delay_ms,
         max_concurrent_queries=args.max_concurrent_queries,
+        capture=_capture_config(args),
     )
     try:
         wrapper = Wrapper(config)
     except BaseException:
         sock.close()
         raise
-    server = uvicorn_server(create_app(wrapper))
+    server = uvicorn_server(
+        create_app(wrapper, manager_token=args.manager_token, application_token=args.application_token)
+    )
     return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))
 
 

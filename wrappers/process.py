@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from wrappers.cli import TOKEN_ENV
+from wrappers.cli import MANAGER_TOKEN_ENV, TOKEN_ENV
 from wrappers.errors import WrapperError
 
 _LISTENING = re.compile(r"wrapper (\S+) listening on (http://\S+)")
@@ -72,18 +72,20 @@ def start_wrapper(
     *,
     state_dir: Path,
     token: str | None = None,
+    manager_token: str | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     poll_interval: float = 0.05,
     query_delay_ms: float = 0.0,
     max_concurrent_queries: int = 1,
+    capture_args: Sequence[str] = (),
     log_path: Path | None = None,
     startup_timeout: float = 30.0,
 ) -> WrapperProcess:
     """Spawn ``python -m wrappers.cli run …`` and return once it listens.
 
-    The token travels in the environment, not on the command line (which other users can
-    read). Logs go to ``log_path`` if given, else to this process's stderr. Raises
+    The tokens (``token`` for posting updates, ``manager_token`` that the manager must send)
+    travel in the environment, not on the command line (which other users can read). Logs go to ``log_path`` if given, else to this process's stderr. Raises
     WrapperError if the child exits or does not announce itself within ``startup_timeout``.
     """
     command = [
@@ -98,11 +100,15 @@ def start_wrapper(
         "--poll-interval", str(poll_interval),
         "--query-delay-ms", str(query_delay_ms),
         "--max-concurrent-queries", str(max_concurrent_queries),
+        *capture_args,  # e.g. ["--capture", "timestamp", "--timestamp-column", "updated_at"]
     ]  # fmt: skip
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
+    env.pop(MANAGER_TOKEN_ENV, None)
     if token:
         env[TOKEN_ENV] = token
+    if manager_token:
+        env[MANAGER_TOKEN_ENV] = manager_token
     log_file = open(log_path, "ab") if log_path is not None else None
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=env)

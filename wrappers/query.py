@@ -9,21 +9,35 @@ parameterized statement built with SQLAlchemy Core joins it with the relation::
 Every identifier is resolved against the reflected schema before anything runs, and every
 value is a bound parameter. Preparation (validation) happens before the wrapper takes a
 snapshot; evaluation runs inside the snapshot the watermark describes.
+
+The manager evaluates the same predicates in Python (``warehouse.expr``), and both must
+agree on every row. SQLite does (case-sensitive LIKE is switched on, text compares by code
+point). PostgreSQL and MariaDB get help: text columns are compared under a binary collation
+(PostgreSQL ``"C"``; MariaDB ``utf8mb4_nopad_bin``, which is also case- and
+trailing-space-sensitive, also for GROUP BY), and a backslash in a LIKE pattern is escaped,
+since both treat it as LIKE's escape character and ``warehouse.expr`` does not. Their key
+columns are typed after the relation column they are compared with (else after the values).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
 
 from api.schemas import KEY_RELATION, Subquery
-from warehouse.expr import Col, Expr, WireError, columns, from_wire, to_sqlalchemy
+from warehouse.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
+from wrappers.capture.types import Family, family_of, wire_value
 from wrappers.errors import InvalidRequest
-from wrappers.schema import SourceSchema
+from wrappers.schema import SourceSchema, TableSchema
+
+_MARIADB = ("mysql", "mariadb")
+_BINARY_COLLATION = {"postgresql": "C", "mysql": "utf8mb4_nopad_bin", "mariadb": "utf8mb4_nopad_bin"}
 
 
 class _Untyped(sa.types.UserDefinedType):
@@ -44,26 +58,40 @@ class PreparedQuery:
     statement: sa.Select
 
 
-def prepare(subquery: Subquery, schema: SourceSchema) -> PreparedQuery:
-    """Validate ``subquery`` against ``schema`` and build its statement (InvalidRequest if bad)."""
+def prepare(subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite") -> PreparedQuery:
+    """Validate ``subquery`` against ``schema`` and build its statement for ``dialect`` (the
+    SQLAlchemy dialect name of the database it runs in); InvalidRequest if it is bad."""
     if subquery.alias == KEY_RELATION:
         raise InvalidRequest(f"alias {KEY_RELATION!r} is reserved for the keys")
     table = schema.table(subquery.relation)
     table.check_columns(subquery.select)
     on = _parse(subquery.on, "on")
     where = _parse(subquery.where, "where")
+    if dialect in _BINARY_COLLATION:
+        on, where = _escape_backslashes(on), _escape_backslashes(where)
     width = len(subquery.keys[0]) if subquery.keys else _key_width(on)
     if any(len(k) != width for k in subquery.keys):
         raise InvalidRequest("all keys must have the same number of columns")
     key_names = [f"k{j}" for j in range(width)]
+    key_types = (
+        [_key_type(dialect, j, subquery, table, on) for j in range(width)]
+        if dialect in _BINARY_COLLATION
+        else [_Untyped()] * width
+    )
     key_table = sa.Table(
         f"_pvm_keys_{uuid.uuid4().hex}",
         sa.MetaData(),
-        sa.Column("_k", sa.Integer, primary_key=True),
-        *(sa.Column(name, _Untyped()) for name in key_names),
+        sa.Column("_k", sa.Integer, primary_key=True, autoincrement=False),  # MariaDB: 0 is a key, not "next"
+        *(sa.Column(name, key_type) for name, key_type in zip(key_names, key_types)),
         prefixes=["TEMPORARY"],
     )
     relation = table.query_table()
+
+    def column(name: str) -> Any:
+        """A relation column; text under a binary collation where the dialect needs one."""
+        if dialect in _BINARY_COLLATION and family_of(table.types[table.columns.index(name)]) == "text":
+            return _Binary(relation.c[name], _BINARY_COLLATION[dialect])
+        return relation.c[name]
 
     def resolve(col: Col) -> Any:
         if col.relation == KEY_RELATION:
@@ -73,9 +101,9 @@ def prepare(subquery: Subquery, schema: SourceSchema) -> PreparedQuery:
         if col.relation != subquery.alias:
             raise InvalidRequest(f"unknown relation {col.relation!r} (this subquery reads {subquery.alias!r})")
         table.check_columns([col.name])
-        return relation.c[col.name]
+        return column(col.name)
 
-    selected = [relation.c[name] for name in subquery.select]
+    selected = [column(name) for name in subquery.select]
     join = key_table.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
     statement = sa.select(key_table.c["_k"], *selected, sa.func.count()).select_from(join)
     if where is not None:
@@ -95,7 +123,10 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     query.key_table.create(conn)
     names = [c.name for c in query.key_table.columns][1:]
     conn.execute(query.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
-    return [[_json_value(v) for v in row] for row in conn.execute(query.statement)]
+    rows = [[wire_value(v) for v in row] for row in conn.execute(query.statement)]
+    if conn.dialect.name in _MARIADB:
+        query.key_table.drop(conn)  # MariaDB's TEMPORARY tables outlive a rollback
+    return rows
 
 
 def _parse(wire: dict[str, Any] | None, clause: str) -> Expr | None:
@@ -111,6 +142,109 @@ def _key_width(on: Expr | None) -> int:
     return 1 + max((int(m.group(1)) for n in refs if (m := re.fullmatch(r"k(\d+)", n))), default=-1)
 
 
-def _json_value(value: Any) -> Any:
-    """BLOBs as hex text, as the capture triggers ship them."""
-    return value.hex().upper() if isinstance(value, bytes) else value
+# -- PostgreSQL and MariaDB: the same answers as warehouse.expr ---------------------------------
+class _Binary(sa.sql.expression.ColumnElement[Any]):
+    """A text column compared, grouped and selected under a binary collation."""
+
+    inherit_cache = False  # every subquery statement is new anyway (its TEMP table name is)
+
+    def __init__(self, column: Any, collation: str) -> None:
+        self.column = column
+        self.collation = collation
+        self.type = sa.String()
+
+
+@compiles(_Binary, "postgresql")
+def _binary_postgresql(element: _Binary, compiler: Any, **kw: Any) -> str:
+    return f'({compiler.process(element.column, **kw)} COLLATE "{element.collation}")'
+
+
+@compiles(_Binary, "mysql")
+@compiles(_Binary, "mariadb")
+def _binary_mariadb(element: _Binary, compiler: Any, **kw: Any) -> str:
+    # CONVERT first: COLLATE must name a collation of the column's own character set.
+    return f"(CONVERT({compiler.process(element.column, **kw)} USING utf8mb4) COLLATE {element.collation})"
+
+
+def _escape_backslashes(e: Expr | None) -> Expr | None:
+    """LIKE patterns with each backslash escaped, so it matches itself as in warehouse.expr."""
+    if isinstance(e, Like):
+        return dataclasses.replace(e, pattern=e.pattern.replace("\\", "\\\\"))
+    if isinstance(e, (And, Or)):
+        return type(e)(tuple(_escape_backslashes(a) for a in e.args))  # type: ignore[misc]
+    if isinstance(e, Not):
+        return Not(_escape_backslashes(e.arg))  # type: ignore[arg-type]
+    return e
+
+
+_KEY_TYPES: dict[str, dict[Family, Any]] = {
+    "postgresql": {
+        "integer": sa.BigInteger(),
+        "float": sa.Double(),
+        "numeric": sa.Numeric(),
+        "boolean": sa.Boolean(),
+        "text": sa.Text(collation="C"),
+        "date": sa.Date(),
+    },
+    "mysql": {
+        "integer": sa.BigInteger(),
+        "float": sa.Double(),
+        "numeric": sa.Numeric(65, 30),
+        "boolean": sa.Boolean(),
+        "text": sa.Text(collation="utf8mb4_nopad_bin"),
+        "date": sa.Date(),
+    },
+}
+_KEY_TYPES["mariadb"] = _KEY_TYPES["mysql"]
+_ACCEPTS: dict[Family, tuple[type, ...]] = {
+    "integer": (int,),
+    "float": (int, float),
+    "numeric": (int, float),
+    "boolean": (bool, int),
+    "text": (str,),
+    "date": (str,),
+}
+
+
+def _key_type(dialect: str, j: int, subquery: Subquery, table: TableSchema, on: Expr | None) -> Any:
+    """The SQL type of key column ``k<j>``: the family of the relation column ``on`` compares
+    it with, else of its values. InvalidRequest if a value does not fit that family."""
+    family = _compared_family(on, f"k{j}", subquery.alias, table)
+    values = [k[j] for k in subquery.keys if k[j] is not None]
+    if family is None:
+        kinds = {_value_family(v) for v in values}
+        if kinds == {"integer", "float"}:
+            family = "float"
+        elif len(kinds) > 1:
+            raise InvalidRequest(f"key column k{j} mixes values of types {sorted(kinds)}")
+        else:
+            family = kinds.pop() if kinds else "text"
+    bad = [v for v in values if not isinstance(v, _ACCEPTS[family]) or (family == "integer" and isinstance(v, bool))]
+    if bad:
+        raise InvalidRequest(f"key column k{j} holds {bad[0]!r}, which cannot be compared with a {family} column")
+    return _KEY_TYPES[dialect][family]
+
+
+def _value_family(value: Any) -> Family:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return "float" if isinstance(value, float) else "text"
+
+
+def _compared_family(on: Expr | None, key: str, alias: str, table: TableSchema) -> Family | None:
+    """The family of the first relation column compared with key column ``key`` in ``on``."""
+    if on is None:
+        return None
+    if isinstance(on, Cmp):
+        for mine, other in ((on.left, on.right), (on.right, on.left)):
+            if mine == Col(KEY_RELATION, key) and isinstance(other, Col) and other.relation == alias:
+                if other.name in table.columns:
+                    return family_of(table.types[table.columns.index(other.name)])
+        return None
+    for child in (on.args if isinstance(on, (And, Or)) else (on.arg,) if isinstance(on, Not) else ()):
+        found = _compared_family(child, key, alias, table)
+        if found is not None:
+            return found
+    return None

@@ -8,6 +8,9 @@ It holds what must survive a restart for invariants 1 and 2 (DESIGN.md):
 * ``captured_through``: the highest outbox id turned into an update (or filtered away), so
   nothing is captured twice; each pending update remembers the outbox ids it covers,
   ``(outbox_after, outbox_through]``, which stay in the source until it is acknowledged;
+* ``captured``: where outbox ids are not in commit order (PostgreSQL, MariaDB), the id of
+  every captured outbox row still in the source, with the seq of its update (0: filtered
+  away); a row is forgotten only once it is deleted from the outbox;
 * ``acked_through`` and the current Interest.
 
 Every change is one SQLite transaction with ``synchronous = FULL``: a seq is durable before
@@ -22,7 +25,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +43,7 @@ CREATE TABLE IF NOT EXISTS pending (
     outbox_after INTEGER NOT NULL,
     outbox_through INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS captured (outbox_id INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
 """
 
 
@@ -74,26 +78,40 @@ class WrapperState:
         self.acked_through = int(meta.get("acked_through", 0))
         self.captured_through = int(meta.get("captured_through", 0))
         self.interest = Interest.model_validate_json(meta["interest"]) if "interest" in meta else None
+        self._captured = {i for (i,) in self._db.execute("SELECT outbox_id FROM captured")}
 
     # -- writes -------------------------------------------------------------------------
-    def record(self, changes: list[Change], outbox_through: int) -> int | None:
-        """Mark outbox rows up to ``outbox_through`` captured; if ``changes`` is not empty,
-        make them the next update. Returns its seq (None when everything was filtered away)."""
+    def record(
+        self, changes: list[Change], outbox_through: int, outbox_ids: Sequence[int] = (), txid: str | None = None
+    ) -> int | None:
+        """Mark outbox rows up to ``outbox_through`` captured (and remember ``outbox_ids``,
+        given where ids are not in commit order); if ``changes`` is not empty, make them the
+        next update, of source transaction ``txid`` if it is one. Returns its seq (None when
+        everything was filtered away)."""
         with self._mutex, self._transaction():
             seq = None
             if changes:
                 seq = self.last_seq + 1
-                update = Update(seq=seq, changes=changes, captured_at=time.time())
+                update = Update(seq=seq, changes=changes, txid=txid, captured_at=time.time())
                 self._db.execute(
                     "INSERT INTO pending VALUES (?, ?, ?, ?)",
                     (seq, update.model_dump_json(), self.captured_through, outbox_through),
                 )
                 self._set("last_seq", seq)
+            self._db.executemany("INSERT INTO captured VALUES (?, ?)", [(i, seq or 0) for i in outbox_ids])
+            outbox_through = max(self.captured_through, outbox_through)
             self._set("captured_through", outbox_through)
             if seq is not None:
                 self.last_seq = seq
             self.captured_through = outbox_through
+            self._captured.update(outbox_ids)
         return seq
+
+    def forget(self, outbox_ids: Sequence[int]) -> None:
+        """The outbox rows ``outbox_ids`` are deleted from the source: stop remembering them."""
+        with self._mutex, self._transaction():
+            self._db.executemany("DELETE FROM captured WHERE outbox_id = ?", [(i,) for i in outbox_ids])
+            self._captured.difference_update(outbox_ids)
 
     def ack(self, through: int) -> None:
         """The manager holds every update with seq <= ``through``: forget them."""
@@ -117,6 +135,16 @@ class WrapperState:
     def pending_count(self) -> int:
         with self._mutex:
             return int(self._db.execute("SELECT count(*) FROM pending").fetchone()[0])
+
+    def is_captured(self, outbox_id: int) -> bool:
+        """Whether the remembered outbox row ``outbox_id`` is already part of an update."""
+        return outbox_id in self._captured
+
+    def deletable_ids(self) -> list[int]:
+        """Remembered outbox rows that are acknowledged or filtered away: safe to delete."""
+        with self._mutex:
+            rows = self._db.execute("SELECT outbox_id FROM captured WHERE seq <= ? ORDER BY outbox_id", (self.acked_through,))
+            return [i for (i,) in rows]
 
     def deletable_through(self) -> int:
         """Outbox rows with id <= this are acknowledged or filtered away: safe to delete."""

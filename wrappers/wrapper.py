@@ -5,6 +5,12 @@ loop, a subquery's handshake and an Interest change. That is what makes invarian
 (DESIGN.md): when a subquery takes its snapshot under the lock, every change captured
 earlier is visible in it, and every change visible in it is captured and acknowledged
 before the lock is released, so the answer covers exactly seqs 1..watermark.
+
+Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
+and forgetting their ids also happens under the lock: a snapshot taken before the delete
+committed still shows those rows, and must still find their ids remembered as captured.
+Timestamp and application capture feed a replica, which the wrapper then reads as it reads
+any trigger-captured SQLite source (``wrappers.capture``).
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ import sqlalchemy as sa
 
 from api.schemas import MAX_CHANGES_PER_UPDATE, MAX_UPDATES_PER_POST, Interest, InterestAck, Subquery, SubqueryAnswer
 from wrappers import query
-from wrappers.capture import dialect_for
+from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
-from wrappers.errors import WrapperError
+from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.interest import ChangeFilter
-from wrappers.schema import SourceSchema
+from wrappers.replica import RowChange
 from wrappers.shipper import Shipper
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
@@ -50,6 +56,7 @@ class WrapperConfig:
     query_delay_ms: float = 0.0
     max_concurrent_queries: int = 1
     updates_per_post: int = MAX_UPDATES_PER_POST
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
 
 
 class Wrapper:
@@ -61,12 +68,14 @@ class Wrapper:
         if config.poll_interval <= 0:
             raise WrapperError("poll_interval must be positive")
         self.config = config
-        self._dialect = dialect_for(config.url)
-        self.engine = self._dialect.open_engine(config.url)
         self.state = WrapperState(config.state_dir, config.source)  # first: it locks out a twin
+        capture: Capture | None = None
         try:
-            self._dialect.install(self.engine, config.tables)
-            self.schema = SourceSchema.reflect(self.engine, config.tables)
+            replica_path = config.state_dir / f"{config.source}.replica.sqlite3"
+            capture = open_capture(config.capture, config.url, config.tables, replica_path)
+            self.capture = capture
+            self._dialect, self.engine, self.schema = capture.dialect, capture.engine, capture.schema
+            self._ordered = self._dialect.OUTBOX_IDS_IN_COMMIT_ORDER
             high_water = self._dialect.outbox_high_water(self.engine)
             if high_water < self.state.captured_through:
                 raise WrapperError(
@@ -76,7 +85,8 @@ class Wrapper:
             self._filter = ChangeFilter.build(self.state.interest, self.schema)
         except BaseException:
             self.state.close()
-            self.engine.dispose()
+            if capture is not None:
+                capture.close()
             raise
         self._lock = asyncio.Lock()
         self._queries = asyncio.Semaphore(config.max_concurrent_queries)
@@ -103,16 +113,22 @@ class Wrapper:
         if self._client is not None:
             await self._client.aclose()
         self.state.close()
-        self.engine.dispose()
+        self.capture.close()
 
     # -- SendUpdates -------------------------------------------------------------------------
     async def poll_once(self) -> None:
         """Capture what committed since the last poll, ship everything pending, then delete
-        acknowledged changes from the outbox."""
+        acknowledged changes from the outbox; with timestamp capture, finally poll the
+        source into the replica (a source that is down then delays nothing else)."""
         async with self._lock:
             await asyncio.to_thread(self._capture_now)
             await self._ship_pending()
-        await asyncio.to_thread(self._delete_acknowledged)
+            if not self._ordered:
+                await asyncio.to_thread(self._delete_acknowledged_ids)
+        if self._ordered:
+            await asyncio.to_thread(self._delete_acknowledged)
+        if self.capture.pull is not None:
+            await asyncio.to_thread(self.capture.pull)
 
     async def _poll_forever(self) -> None:
         failing = False
@@ -139,9 +155,14 @@ class Wrapper:
     def _capture(self, conn: sa.Connection) -> None:
         """Turn the uncaptured outbox rows visible to ``conn`` into the next update (caller
         holds the lock). One read sees whole transactions only, merged into one update."""
-        rows = self._dialect.read_outbox(conn, self.state.captured_through)
+        rows = self._dialect.read_outbox(conn, self.state.captured_through if self._ordered else 0)
+        if not self._ordered:
+            rows = [r for r in rows if not self.state.is_captured(r.id)]
         for chunk in _chunks(rows, self.config.source):
-            seq = self.state.record(self._filter.changes(chunk), chunk[-1].id)
+            ids = () if self._ordered else [r.id for r in chunk]
+            txids = {r.txid for r in chunk}
+            txid = txids.pop() if len(txids) == 1 else None
+            seq = self.state.record(self._filter.changes(chunk), max(r.id for r in chunk), ids, txid)
             if seq is not None:
                 log.debug("captured update %d of %s (%d outbox rows)", seq, self.config.source, len(chunk))
 
@@ -160,11 +181,18 @@ class Wrapper:
             self._dialect.delete_outbox(self.engine, through)
             self._deleted_through = through
 
+    def _delete_acknowledged_ids(self) -> None:
+        """Invariant 1 where ids are not in commit order (caller holds the lock, see above)."""
+        ids = self.state.deletable_ids()
+        if ids:
+            self._dialect.delete_outbox_ids(self.engine, ids)
+            self.state.forget(ids)
+
     # -- ProcessQuery --------------------------------------------------------------------------
     async def answer(self, subquery: Subquery) -> SubqueryAnswer:
         """Join ``subquery.keys`` with a source relation in a snapshot whose watermark is exact."""
         started = time.perf_counter()
-        prepared = query.prepare(subquery, self.schema)
+        prepared = query.prepare(subquery, self.schema, self.engine.dialect.name)
         async with self._lock:
             snapshot = await Snapshot.open(self._dialect, self.engine)
             try:
@@ -183,13 +211,29 @@ class Wrapper:
             snapshot.close()
         return SubqueryAnswer(watermark=watermark, rows=rows, elapsed_ms=(time.perf_counter() - started) * 1000)
 
+    # -- application capture -----------------------------------------------------------------------
+    async def post_changes(self, changes: list[RowChange]) -> None:
+        """Apply one application transaction to the replica, durably, all or nothing; the
+        next poll ships it as one update. InvalidRequest if the change does not fit."""
+        if self.config.capture.method != "application":
+            raise InvalidRequest(
+                f"source {self.config.source!r} uses {self.config.capture.method} capture; only "
+                "application capture takes changes from the application"
+            )
+        assert self.capture.replica is not None
+        await asyncio.to_thread(self.capture.replica.apply, changes)
+
     # -- Interest -------------------------------------------------------------------------------
     async def set_interest(self, interest: Interest) -> InterestAck:
-        """Switch to ``interest``: updates with seq <= boundary used the old one, later ones the new."""
+        """Switch to ``interest``: updates with seq <= boundary used the old one, later ones the new.
+
+        The boundary needs captured changes to have their seqs, not to be acknowledged: a
+        manager that pushes its interest while starting, before it takes updates, must not
+        wait for updates it cannot take yet (they ship with the next poll).
+        """
         new_filter = ChangeFilter.build(interest, self.schema)
         async with self._lock:
             await asyncio.to_thread(self._capture_now)
-            await self._ship_pending()
             await asyncio.to_thread(self.state.set_interest, interest)
             self._filter = new_filter
             return InterestAck(boundary=self.state.last_seq)
@@ -209,13 +253,36 @@ class Wrapper:
 def _chunks(rows: list[OutboxRow], source: str) -> Iterator[list[OutboxRow]]:
     """``rows`` as one chunk, unless they exceed what one Update may carry.
 
-    That only happens after a long outage; splitting then may cut a source transaction in
-    two, so the manager can briefly see a state between two of its rows. It is logged.
+    That only happens after a long outage. Rows come grouped by source transaction where the
+    dialect knows transactions (``txid``), and cuts fall between transactions then; a single
+    transaction larger than an update, or rows without a txid, may be cut, so the manager can
+    briefly see a state between two rows of one transaction. It is logged.
     """
     if len(rows) <= _ROWS_PER_UPDATE:
         if rows:
             yield rows
         return
     log.warning("%s: %d captured rows exceed one update; shipping them as several", source, len(rows))
-    for i in range(0, len(rows), _ROWS_PER_UPDATE):
-        yield rows[i : i + _ROWS_PER_UPDATE]
+    chunk: list[OutboxRow] = []
+    for i, row in enumerate(rows):
+        chunk.append(row)
+        next_txid = rows[i + 1].txid if i + 1 < len(rows) else None
+        ends_transaction = row.txid is None or row.txid != next_txid
+        if len(chunk) == _ROWS_PER_UPDATE or (ends_transaction and len(chunk) + _run(rows, i + 1) > _ROWS_PER_UPDATE):
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _run(rows: list[OutboxRow], start: int) -> int:
+    """How many rows from ``start`` on belong to the same transaction (1 without a txid)."""
+    if start >= len(rows):
+        return 0
+    txid = rows[start].txid
+    if txid is None:
+        return 1
+    n = 1
+    while start + n < len(rows) and rows[start + n].txid == txid:
+        n += 1
+    return n

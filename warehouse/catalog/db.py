@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import create_engine, event, select, update
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import migrations
-from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, UnitRow, ViewRow
+from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 
 
 class CatalogError(Exception):
@@ -39,6 +39,7 @@ class SourceInfo:
     wrapper_url: str
     capture: str
     relations: dict[str, RelationInfo]
+    manager_token: str | None = field(default=None, repr=False)  # what the manager sends the wrapper
 
 
 @dataclass
@@ -63,6 +64,19 @@ class LogEntry:
     changes: list[dict[str, Any]]
     captured_at: float | None
     received_at: float
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """An API token as stored: never the secret, only its salted hash (``api.auth``)."""
+
+    id: int
+    role: str
+    source: str | None
+    name: str
+    created_at: float
+    revoked_at: float | None
+    hash: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -95,11 +109,13 @@ class Catalog:
         self.engine.dispose()
 
     # -- sources -------------------------------------------------------------------------
-    def add_source(self, name: str, wrapper_url: str, capture: str, relations: Sequence[RelationInfo]) -> None:
+    def add_source(
+        self, name: str, wrapper_url: str, capture: str, relations: Sequence[RelationInfo], manager_token: str | None = None
+    ) -> None:
         with Session(self.engine) as s, s.begin():
             if s.get(SourceRow, name) is not None:
                 raise CatalogError(f"source {name!r} is already registered")
-            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time()))
+            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time(), manager_token=manager_token))
             s.flush()  # the relations reference it
             for r in relations:
                 s.add(
@@ -119,7 +135,7 @@ class Catalog:
                 info = RelationInfo(r.source, r.name, tuple(r.columns), tuple(r.types), tuple(r.primary_key))
                 rels.setdefault(r.source, {})[r.name] = info
             return {
-                row.name: SourceInfo(row.name, row.wrapper_url, row.capture, rels.get(row.name, {}))
+                row.name: SourceInfo(row.name, row.wrapper_url, row.capture, rels.get(row.name, {}), row.manager_token)
                 for row in s.scalars(select(SourceRow))
             }
 
@@ -219,6 +235,44 @@ class Catalog:
             q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
             return [UnitInfo(u.order_no, tuple(u.log_ids), u.committed) for u in s.scalars(q)]
 
+    # -- API tokens (hashes only; see api.auth) --------------------------------------------
+    def add_token(self, role: str, source: str | None, name: str, hash: str) -> TokenInfo:
+        with Session(self.engine) as s, s.begin():
+            row = TokenRow(role=role, source=source, name=name, hash=hash, created_at=time.time())
+            s.add(row)
+            s.flush()
+            return _token_info(row)
+
+    def token(self, token_id: int) -> TokenInfo | None:
+        with Session(self.engine) as s:
+            row = s.get(TokenRow, token_id)
+            return None if row is None else _token_info(row)
+
+    def tokens(self) -> list[TokenInfo]:
+        with Session(self.engine) as s:
+            return [_token_info(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
+
+    def revoke_token(self, token_id: int) -> TokenInfo:
+        """Revoke a token (idempotent: an already revoked token keeps its revocation time)."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(TokenRow, token_id)
+            if row is None:
+                raise CatalogError(f"unknown token {token_id}")
+            if row.revoked_at is None:
+                row.revoked_at = time.time()
+            s.flush()
+            return _token_info(row)
+
+    def ping(self) -> bool:
+        """True when the catalog database answers (readiness)."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return True
+
+
+def _token_info(row: TokenRow) -> TokenInfo:
+    return TokenInfo(row.id, row.role, row.source, row.name, row.created_at, row.revoked_at, row.hash)
+
 
 
 class StoreRecords:
@@ -254,5 +308,5 @@ class StoreRecords:
 
 __all__ = [
     "Catalog", "CatalogError", "LogEntry", "RelationInfo", "StoreRecords",
-    "SourceInfo", "UnitInfo", "ViewInfo",
+    "SourceInfo", "TokenInfo", "UnitInfo", "ViewInfo",
 ]

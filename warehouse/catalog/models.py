@@ -19,6 +19,7 @@ class SourceRow(Base):
     wrapper_url: Mapped[str] = mapped_column(String(500))
     capture: Mapped[str] = mapped_column(String(50), default="trigger")
     created_at: Mapped[float] = mapped_column(Float)
+    manager_token: Mapped[str | None] = mapped_column(String(300), nullable=True)  # sent to the wrapper
 
 
 class RelationRow(Base):
@@ -76,3 +77,17 @@ class StoreTableRow(Base):
     __tablename__ = "store_tables"
     view: Mapped[str] = mapped_column(String(64), primary_key=True)
     record: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TokenRow(Base):
+    """A bearer token of the API: its role, the source a wrapper token is bound to, and a
+    salted hash of its secret (``api.auth``); revoked tokens stay listed."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(20))
+    source: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    name: Mapped[str] = mapped_column(String(200))
+    hash: Mapped[str] = mapped_column(String(300))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)

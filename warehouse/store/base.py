@@ -26,8 +26,9 @@ class Effect:
 
 
 class ViewStore(Protocol):
-    def create(self, view: str, columns: Sequence[str]) -> None:
-        """Create an empty view (idempotent for the same columns)."""
+    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+        """Create an empty view (idempotent for the same columns). ``types``: a Spark SQL type
+        name per column where known (None: untyped); stores without typed columns ignore it."""
 
     def drop(self, view: str) -> None: ...
 

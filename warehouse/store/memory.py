@@ -17,7 +17,9 @@ class MemoryStore:
         self._lock = threading.Lock()
         self.commit_log: list[tuple[int, ...]] = []  # the orders of each write, in write order
 
-    def create(self, view: str, columns: Sequence[str]) -> None:
+    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+        """``types`` (Spark SQL type names) are accepted for the interface's sake and ignored:
+        rows are kept as the Python values they were committed with."""
         with self._lock:
             if view in self._columns and self._columns[view] != tuple(columns):
                 raise StoreError(f"view {view!r} exists with other columns")

@@ -10,8 +10,9 @@ Per view, under ``<data_dir>/views/<view>/``:
 
 * ``zlog/v<N>/``: table ``pvm_zlog_<view>`` (view columns, ``_w`` BIGINT, ``_order`` BIGINT);
 * ``base/v<N>/``: table ``pvm_base_<view>`` (view columns, ``_w`` BIGINT);
-* a temporary view named ``<view>``: what analysts query, the view as of the published
-  watermark with each row repeated by its weight.
+* a view named ``<view>`` in the session catalog (not a temporary view, so that every
+  session of the Spark application sees it, Spark Connect sessions included): what analysts
+  query, the view as of the published watermark with each row repeated by its weight.
 
 Which versions are current, the published watermark and the compacted orders live in a
 ``StoreCatalog`` record, written only at the few points that change them, so that a restart
@@ -40,7 +41,15 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import AtomicType, DataType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    AtomicType,
+    BooleanType,
+    DataType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from warehouse.store.base import Effect, StoreError
 from warehouse.zset import Row, ZSet
@@ -176,7 +185,8 @@ class ViewMeta:
     """One view's record: what a restart needs to find and serve the view again."""
 
     columns: tuple[str, ...]
-    types: tuple[str, ...] | None  # Spark SQL type names; None: JSON text in STRING columns
+    # Spark SQL type names; None (for the view or one column): JSON text in a STRING column
+    types: tuple[str | None, ...] | None
     base_location: str
     base_version: int
     zlog_location: str
@@ -245,14 +255,18 @@ def _json_scalar(value: Any) -> str | None:
 class _Codec:
     """Rows of Python scalars to Arrow columns and back, so reads return what was committed.
 
-    Typed views store each column in its Spark type. Untyped views (columns known by name
-    only) store JSON text, which keeps 1, 1.0, "1" and True apart and round-trips them.
+    Typed columns are stored in their Spark type. Untyped columns (known by name only) store
+    JSON text, which keeps 1, 1.0, "1" and True apart and round-trips them.
     """
 
-    def __init__(self, columns: tuple[str, ...], types: tuple[str, ...] | None) -> None:
+    def __init__(self, columns: tuple[str, ...], types: tuple[str | None, ...] | None) -> None:
         self.columns = columns
-        self.json = types is None
-        spark_types = [StringType()] * len(columns) if types is None else [_parse(t) for t in types]
+        self.json_columns = [True] * len(columns) if types is None else [t is None for t in types]
+        self.json = all(self.json_columns)
+        spark_types = [
+            StringType() if t is None else _parse(t) for t in (types or (None,) * len(columns))
+        ]
+        self._bool_columns = [isinstance(t, BooleanType) for t in spark_types]
         view_fields = [StructField(c, t) for c, t in zip(columns, spark_types)]
         self.base_schema = StructType([*view_fields, StructField(WEIGHT, LongType())])
         self.zlog_schema = StructType([*self.base_schema.fields, StructField(ORDER, LongType())])
@@ -279,8 +293,14 @@ class _Codec:
                 weights.append(weight)
                 orders.append(effect.order)
         values: list[Sequence[Any]] = list(zip(*rows))
-        if self.json:
-            values = [[_json_scalar(v) for v in column] for column in values]
+        values = [
+            [_json_scalar(v) for v in column]
+            if as_json
+            else [_as_bool(v) for v in column]
+            if as_bool
+            else column
+            for column, as_json, as_bool in zip(values, self.json_columns, self._bool_columns)
+        ]
         try:
             arrays = [pa.array(v, type=f.type) for v, f in zip(values, self._arrow_schema)]
             arrays += [pa.array(weights, pa.int64()), pa.array(orders, pa.int64())]
@@ -291,12 +311,21 @@ class _Codec:
     def decode(self, table: pa.Table) -> Iterator[Row]:
         """Rows of a result whose first columns are the view's columns."""
         columns = [table.column(i).to_pylist() for i in range(len(self.columns))]
-        if self.json:
-            columns = [[None if v is None else json.loads(v) for v in c] for c in columns]
+        columns = [
+            [None if v is None else json.loads(v) for v in c] if as_json else c
+            for c, as_json in zip(columns, self.json_columns)
+        ]
         return zip(*columns)
 
     def decode_weighted(self, table: pa.Table) -> Iterator[tuple[Row, int]]:
         return zip(self.decode(table), table.column(WEIGHT).to_pylist())
+
+
+def _as_bool(value: Any) -> Any:
+    """Sources without a boolean type (SQLite, MySQL) hand out 0 and 1 for BOOLEAN columns."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return value
 
 
 def _parse(type_name: str) -> DataType:
@@ -332,6 +361,7 @@ class _View:
     lock: threading.RLock = field(default_factory=threading.RLock)  # commits, reads, swaps
     compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
     dropped: bool = False
+    visible_defined: bool = False  # the analysts' view exists in this session's catalog
 
     def committed(self, order: int) -> bool:
         return order in self.zlog_orders or _in_ranges(self.meta.compacted_orders, order)
@@ -354,9 +384,17 @@ class SparkStore:
     """A ``ViewStore`` whose views are Spark tables that analysts can query with Spark SQL."""
 
     def __init__(
-        self, spark: SparkSession, data_dir: Path, catalog: StoreCatalog | None = None
+        self,
+        spark: SparkSession,
+        data_dir: Path,
+        catalog: StoreCatalog | None = None,
+        retire_after_s: float = 0.0,
     ) -> None:
+        """``retire_after_s``: how long a compacted-away table version stays on disk for SQL
+        readers that planned their query before the swap (0: deleted at once)."""
         self._spark = spark
+        self._retire_after_s = retire_after_s
+        self._retired: list[tuple[float, tuple[str, ...]]] = []
         self._root = Path(data_dir).resolve() / "views"
         self._catalog = catalog or JsonStoreCatalog(Path(data_dir) / "store-catalog.json")
         self._lock = threading.Lock()  # guards the _views dict only
@@ -367,6 +405,11 @@ class SparkStore:
             if record is not None:
                 self._views[view] = self._attach(view, ViewMeta.from_record(record))
         self._remove_orphans()
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session the views live in (analysts' queries run in it too)."""
+        return self._spark
 
     # -- names and places --------------------------------------------------------------
     @staticmethod
@@ -462,8 +505,18 @@ class SparkStore:
         )
 
     def _define_visible(self, state: _View) -> None:
+        """Point the analysts' view at the published watermark. ALTER VIEW swaps the view's
+        definition in one catalog update; CREATE OR REPLACE drops and re-creates it, so a
+        concurrent reader could find no view at all: it is only for the first definition."""
         sql = self._visible_sql(state, state.meta.watermark)
-        self._spark.sql(f"CREATE OR REPLACE TEMP VIEW `{state.name}` AS {sql}")
+        if state.visible_defined:
+            try:
+                self._spark.sql(f"ALTER VIEW `{state.name}` AS {sql}")
+                return
+            except Exception:  # dropped behind our back (a Connect client may): define it anew
+                pass
+        self._spark.sql(f"CREATE OR REPLACE VIEW `{state.name}` AS {sql}")
+        state.visible_defined = True
 
     @staticmethod
     def _check_as_of(state: _View, as_of: int | None) -> None:
@@ -479,24 +532,47 @@ class SparkStore:
         state.meta = meta
 
     # -- ViewStore ---------------------------------------------------------------------
-    def create(self, view: str, columns: Sequence[str], types: Sequence[str] | None = None) -> None:
-        """Create an empty view. ``types`` are Spark SQL type names, one per column; without
-        them values are stored as JSON text, exact but awkward for analysts' SQL."""
+    def check_new_view(
+        self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None
+    ) -> None:
+        """Raise StoreError naming the problem if ``create`` would refuse these arguments;
+        changes nothing. The manager asks before it records a new view anywhere."""
+        with self._lock:
+            self._normalized(view, tuple(columns), types)
+
+    def _normalized(
+        self, view: str, cols: tuple[str, ...], types: Sequence[str | None] | None
+    ) -> tuple[str | None, ...] | None:
+        """Checked and normalized types of a view to create (caller holds ``_lock``)."""
         _check_view_name(view)
-        cols = tuple(columns)
         _check_columns(cols)
         if types is not None and len(types) != len(cols):
             raise StoreError(f"{len(types)} types for {len(cols)} columns")
-        normalized = None if types is None else tuple(_parse(t).simpleString() for t in types)
+        normalized = (
+            None
+            if types is None or all(t is None for t in types)
+            else tuple(None if t is None else _parse(t).simpleString() for t in types)
+        )
+        existing = self._views.get(view)
+        if existing is not None:
+            if existing.meta.columns != cols or normalized not in (None, existing.meta.types):
+                raise StoreError(f"view {view!r} exists with other columns")
+        for other in self._views:
+            if other != view and other.lower() == view.lower():
+                raise StoreError(f"view {view!r} collides with view {other!r} in Spark SQL")
+        return normalized
+
+    def create(
+        self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None
+    ) -> None:
+        """Create an empty view. ``types`` are Spark SQL type names, one per column; a column
+        without one (None) stores its values as JSON text, exact but awkward for analysts'
+        SQL."""
+        cols = tuple(columns)
         with self._lock:
-            existing = self._views.get(view)
-            if existing is not None:
-                if existing.meta.columns != cols or normalized not in (None, existing.meta.types):
-                    raise StoreError(f"view {view!r} exists with other columns")
+            normalized = self._normalized(view, cols, types)
+            if view in self._views:
                 return
-            for other in self._views:
-                if other.lower() == view.lower():
-                    raise StoreError(f"view {view!r} collides with view {other!r} in Spark SQL")
             meta = ViewMeta(
                 columns=cols,
                 types=normalized,
@@ -515,7 +591,7 @@ class SparkStore:
             return
         with state.lock:
             state.dropped = True
-            self._spark.catalog.dropTempView(view)
+            self._spark.sql(f"DROP VIEW IF EXISTS `{view}`")
             self._spark.sql(f"DROP TABLE IF EXISTS {self.zlog_table(view)}")
             self._spark.sql(f"DROP TABLE IF EXISTS {self.base_table(view)}")
             self._catalog.delete(view)
@@ -575,6 +651,7 @@ class SparkStore:
     # -- compaction --------------------------------------------------------------------
     def zlog_stats(self, view: str) -> ZlogStats:
         """Cheap figures from the file system and parquet footers, no Spark job."""
+        self._retire()  # the compactor asks often: a good moment to delete what is due
         with self._hold(view) as state:
             meta = state.meta
             files = _part_files(meta.zlog_location)
@@ -640,8 +717,20 @@ class SparkStore:
             state.zlog_orders -= folded
             self._relocate(self.base_table(state.name), new_base)
             self._relocate(self.zlog_table(state.name), new_zlog)
-            _remove(start.base_location, start.zlog_location)
+            self._retire(start.base_location, start.zlog_location)
             return True
+
+    def _retire(self, *locations: str) -> None:
+        """Delete old table versions once analysts' queries planned on them are done (after
+        ``retire_after_s``); a restart removes whatever is left (``_remove_orphans``)."""
+        now = time.time()
+        with self._lock:
+            if locations:
+                self._retired.append((now + self._retire_after_s, locations))
+            due = [paths for deadline, paths in self._retired if deadline <= now]
+            self._retired = [(deadline, paths) for deadline, paths in self._retired if deadline > now]
+        for paths in due:
+            _remove(*paths)
 
     def _read(self, schema: StructType, paths: Sequence[str]) -> DataFrame:
         return self._spark.read.schema(schema).parquet(*paths)

@@ -1,11 +1,33 @@
-"""Change capture, one module per source dialect (see ``base.CaptureDialect``)."""
+"""Change capture: one module per source dialect (see ``base.CaptureDialect``), and the three
+capture methods a wrapper can run (``CaptureConfig.method``):
+
+* ``trigger``: triggers fill an outbox in the source; subqueries run in source snapshots.
+* ``timestamp``: polls last-modified timestamps (Carnes TS, TDI with a delete flag) into a
+  replica; subqueries run on the replica (``timestamp`` module docstring says why).
+* ``application``: the application posts its own changes, applied to a replica; subqueries
+  run on the replica, since such a source cannot tie its changes to a query snapshot.
+
+Either way the wrapper reads one database through a trigger-capture dialect: the source, or
+the replica (a SQLite file captured by SQLite triggers). ``open_capture`` sets that up.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from wrappers.capture.base import CaptureDialect
 from wrappers.errors import WrapperError
+from wrappers.schema import SourceSchema, TableSchema
+
+if TYPE_CHECKING:
+    from wrappers.replica import Replica
+
+METHODS = ("trigger", "timestamp", "application")
 
 
 def dialect_for(url: str) -> CaptureDialect:
@@ -18,4 +40,157 @@ def dialect_for(url: str) -> CaptureDialect:
         from wrappers.capture import sqlite
 
         return sqlite
-    raise WrapperError(f"capture is not implemented for {backend} sources (supported: sqlite)")
+    if backend == "postgresql":
+        from wrappers.capture import postgresql
+
+        return postgresql
+    if backend in ("mysql", "mariadb"):
+        from wrappers.capture import mariadb
+
+        return mariadb
+    raise WrapperError(f"capture is not implemented for {backend} sources (supported: sqlite, postgresql, mariadb/mysql)")
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How a wrapper captures changes; see ``pvm wrapper run --help``."""
+
+    method: str = "trigger"
+    timestamp_column: str | None = None
+    delete_flag_column: str | None = None
+    settle_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise WrapperError(f"unknown capture method {self.method!r} (choose from {', '.join(METHODS)})")
+        if (self.method == "timestamp") != (self.timestamp_column is not None):
+            raise WrapperError("a timestamp column is needed by, and only by, timestamp capture")
+        if self.delete_flag_column is not None and self.method != "timestamp":
+            raise WrapperError("a delete-flag column belongs to timestamp capture")
+        if self.settle_seconds < 0:
+            raise WrapperError("settle_seconds must not be negative")
+
+    @property
+    def capture_columns(self) -> tuple[str, ...]:
+        """Columns the capture method reads for itself; they are not part of the relations."""
+        return tuple(c for c in (self.timestamp_column, self.delete_flag_column) if c is not None)
+
+
+@dataclass
+class Capture:
+    """What a wrapper reads (``engine`` through ``dialect``: the source or its replica), the
+    relations it serves, and how the replica is fed when there is one."""
+
+    dialect: CaptureDialect
+    engine: sa.Engine
+    schema: SourceSchema
+    replica: Replica | None = None
+    pull: Callable[[], None] | None = None
+    source_engine: sa.Engine | None = None
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self.source_engine is not None:
+            self.source_engine.dispose()
+
+
+def check_source(config: CaptureConfig, url: str, tables: Sequence[str]) -> SourceSchema:
+    """Connect to the source and check that ``config`` can capture ``tables`` there (for
+    ``pvm wrapper install`` of the methods that install nothing); the relations' schema."""
+    dialect = dialect_for(url)
+    engine = dialect.open_engine(url)
+    try:
+        return _source_schema(engine, tables, config)
+    finally:
+        engine.dispose()
+
+
+def open_capture(config: CaptureConfig, url: str, tables: Sequence[str], replica_path: Path) -> Capture:
+    """Install (trigger) or set up the replica (timestamp, application) for ``tables``."""
+    dialect = dialect_for(url)
+    engine = dialect.open_engine(url)
+    try:
+        if config.method == "trigger":
+            dialect.install(engine, tables)
+            return Capture(dialect, engine, SourceSchema.reflect(engine, tables))
+        return _replica_capture(config, dialect, engine, tables, replica_path)
+    except BaseException:
+        engine.dispose()
+        raise
+
+
+def _replica_capture(
+    config: CaptureConfig, dialect: CaptureDialect, engine: sa.Engine, tables: Sequence[str], path: Path
+) -> Capture:
+    from wrappers.capture import sqlite
+    from wrappers.capture.timestamp import TimestampCapture, TimestampOptions
+    from wrappers.replica import Replica
+
+    schema = _source_schema(engine, tables, config)
+    replica = Replica(path, schema)
+    try:
+        pull = None
+        if config.method == "timestamp":
+            assert config.timestamp_column is not None
+            options = TimestampOptions(config.timestamp_column, config.delete_flag_column, config.settle_seconds)
+            feeder = TimestampCapture(dialect, engine, list(schema.tables.values()), replica, options)
+            if not replica.loaded:
+                feeder.load()
+            pull = feeder.pull
+        elif not replica.loaded:
+            _copy(dialect, engine, schema, replica)
+        sqlite.install(replica.engine, tables)
+    except BaseException:
+        replica.close()
+        raise
+    if pull is None:
+        engine.dispose()  # application capture reads the source once, for the initial copy
+    return Capture(sqlite, replica.engine, schema, replica, pull, engine if pull is not None else None)
+
+
+def _copy(dialect: CaptureDialect, engine: sa.Engine, schema: SourceSchema, replica: Replica) -> None:
+    """Load ``replica`` with the source's rows, read in one snapshot."""
+    from wrappers.capture.types import wire_value
+
+    conn = dialect.begin_snapshot(engine)
+    try:
+        rows = {
+            name: [
+                {c: wire_value(v) for c, v in zip(table.columns, values)}
+                for values in conn.execute(sa.select(*(sa.column(c) for c in table.columns)).select_from(sa.table(name)))
+            ]
+            for name, table in schema.tables.items()
+        }
+    finally:
+        conn.close()
+    replica.load(rows)
+
+
+def _source_schema(engine: sa.Engine, tables: Sequence[str], config: CaptureConfig) -> SourceSchema:
+    """The relations as the manager sees them (capture columns removed), after the checks the
+    method needs: a primary key for the replica methods, the capture columns present, the
+    column types shippable (SQLite: any, its values are typed one by one)."""
+    from wrappers.capture.common import check_tables
+
+    needs_key = config.method != "trigger"
+    checked = check_tables(
+        engine,
+        tables,
+        need_primary_key=needs_key,
+        not_shipped=config.capture_columns,
+        check_types=engine.dialect.name != "sqlite",
+    )
+    reflected = SourceSchema.reflect(engine, tables)
+    out: dict[str, TableSchema] = {}
+    for table in checked:
+        missing = [c for c in config.capture_columns if c not in table.columns]
+        if missing:
+            raise WrapperError(f"table {table.name!r} has no column {', '.join(map(repr, missing))} for {config.method} capture")
+        if any(c in table.primary_key for c in config.capture_columns):
+            raise WrapperError(f"table {table.name!r}: a capture column cannot be part of the primary key")
+        full = reflected.tables[table.name]
+        kept = [i for i, c in enumerate(full.columns) if c not in config.capture_columns]
+        out[table.name] = TableSchema(
+            full.name, tuple(full.columns[i] for i in kept), tuple(full.types[i] for i in kept), full.primary_key
+        )
+    return SourceSchema(out)

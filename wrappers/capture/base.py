@@ -4,9 +4,13 @@ A capture dialect is a module implementing ``CaptureDialect``. It keeps an *outb
 the source, filled by triggers in the same transaction as the change, so a change becomes
 visible to the wrapper exactly when its transaction commits (rolled-back work never does).
 
-Outbox ids must grow in commit order: the wrapper remembers the highest id it has captured and
-reads only newer rows. SQLite serializes writers, so its AUTOINCREMENT ids qualify; dialects
-with concurrent writers (PostgreSQL, MariaDB) must assign ids at commit time instead.
+Where outbox ids grow in commit order (SQLite serializes writers, so its AUTOINCREMENT ids
+do; ``OUTBOX_IDS_IN_COMMIT_ORDER = True``), the wrapper remembers the highest id it captured
+and reads only newer rows, then deletes acknowledged rows by id range (``delete_outbox``).
+With concurrent writers (PostgreSQL, MariaDB) a sequence value is taken when a row is
+written, not when its transaction commits, so a smaller id can become visible later: the
+wrapper reads every visible row, skips the ids its state records as captured, and deletes
+acknowledged rows by id (``delete_outbox_ids``), forgetting them only afterwards.
 """
 
 from __future__ import annotations
@@ -25,17 +29,21 @@ Op = Literal["I", "U", "D"]
 
 @dataclass(frozen=True)
 class OutboxRow:
-    """One captured row change: ``old`` is None for an insert, ``new`` is None for a delete."""
+    """One captured row change: ``old`` is None for an insert, ``new`` is None for a delete.
+    ``txid`` is the source transaction's id where the database exposes one."""
 
     id: int
     relation: str
     op: Op
     old: dict[str, Any] | None
     new: dict[str, Any] | None
+    txid: str | None = None
 
 
 class CaptureDialect(Protocol):
     """The dialect-specific half of a wrapper; everything else is dialect-neutral."""
+
+    OUTBOX_IDS_IN_COMMIT_ORDER: bool
 
     def open_engine(self, url: str) -> sa.Engine:
         """An engine whose transactions are real snapshot transactions, raising WrapperError
@@ -55,11 +63,17 @@ class CaptureDialect(Protocol):
         ...
 
     def read_outbox(self, conn: sa.Connection, after: int) -> list[OutboxRow]:
-        """The outbox rows visible to ``conn`` with id > ``after``, in commit order."""
+        """The outbox rows visible to ``conn`` with id > ``after``: in commit order where ids
+        are; otherwise grouped by transaction, each transaction's rows in id order, the
+        transactions in the order of their largest ids (the order write conflicts imply)."""
         ...
 
     def delete_outbox(self, engine: sa.Engine, through: int) -> None:
-        """Delete the outbox rows with id <= ``through`` (they are acknowledged or filtered)."""
+        """Ids in commit order: delete the outbox rows with id <= ``through`` (acknowledged or filtered)."""
+        ...
+
+    def delete_outbox_ids(self, engine: sa.Engine, ids: Sequence[int]) -> None:
+        """Ids not in commit order: delete exactly the outbox rows ``ids`` (acknowledged or filtered)."""
         ...
 
     def outbox_high_water(self, engine: sa.Engine) -> int:

@@ -22,6 +22,7 @@ from wrappers.capture.base import OUTBOX, OutboxRow
 from wrappers.errors import WrapperError
 
 TRIGGER_PREFIX = "_pvm_"
+OUTBOX_IDS_IN_COMMIT_ORDER = True  # one writer at a time
 BUSY_TIMEOUT_S = 10.0
 # SQLite before 3.48 allows 127 function arguments: json_object takes at most 63 columns,
 # wider rows are merged from several objects.

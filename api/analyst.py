@@ -1,0 +1,311 @@
+"""The analysts' API: read-only Spark SQL over the views, and verification of a view.
+
+``POST /v1/query`` runs one SELECT in the manager's Spark session over the views as
+analysts see them (as of each view's watermark, bag semantics). The statement is parsed with
+sqlglot (Spark dialect) and refused with a 400 naming the problem unless it is:
+
+* exactly one query: a SELECT, or SELECTs combined with UNION / INTERSECT / EXCEPT, with
+  optional WITH (common table expressions), subqueries, joins, GROUP BY, window functions,
+  ORDER BY, LIMIT, LATERAL VIEW, PIVOT, TABLESAMPLE;
+* reading only registered views (by their plain name) and the query's own CTEs: no
+  ``db.table`` names, no ``parquet.`/path``` or other file paths, no store tables
+  (``pvm_zlog_*``, ``pvm_base_*``), no table-valued functions;
+* calling only functions of an allow-list (``ALLOWED_FUNCTIONS``: aggregates, window
+  functions, arithmetic, string, date, conditional, cast, collection and JSON functions).
+  Reflective, file-reading, environment and session functions (``reflect``, ``java_method``,
+  ``input_file_name``, ``current_user``, ``xpath``…) and functions that build values of any
+  size (``sequence``, ``repeat``, ``space``, ``array_repeat``) are not on it;
+* free of DDL, DML, commands, ``SET``, ``CACHE``, ``SELECT … INTO``, hints and ``${…}``
+  variable substitution.
+
+What runs is the statement regenerated from the checked syntax tree, never the text as sent,
+so the check and the execution cannot disagree on what the statement is. Results are
+limited to ``limit`` rows (``truncated`` tells whether there were more) and a query running
+longer than ``QUERY_TIMEOUT_S`` is cancelled.
+
+``POST /v1/views/{name}/verify`` recomputes the view from its sources and compares it with
+the store as of the watermark (``warehouse/verify.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import decimal
+import math
+import re
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+import sqlglot
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from warehouse.manager import Manager, ManagerError
+
+MAX_QUERY_ROWS = 10_000
+QUERY_TIMEOUT_S = 120.0
+
+router = APIRouter(tags=["analyst"])
+
+
+class QueryIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sql: str = Field(
+        min_length=1,
+        max_length=100_000,
+        examples=["SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC"],
+    )
+    limit: int = Field(default=1000, ge=1, le=MAX_QUERY_ROWS, description="rows returned at most")
+
+
+class QueryOut(BaseModel):
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool = Field(description="the query had more rows than limit")
+
+
+class VerifyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_differences: int = Field(default=20, ge=0, le=10_000, description="rows listed at most, per kind")
+
+
+class QueryRejected(ValueError):
+    """An analyst statement outside what the query endpoint runs; the message says why."""
+
+
+# -- the check -----------------------------------------------------------------------------------
+
+ALLOWED_FUNCTIONS = frozenset(
+    """
+    count sum avg mean min max count_if any_value first first_value last last_value stddev
+    stddev_pop stddev_samp std variance var_pop var_samp approx_count_distinct
+    approx_percentile percentile percentile_approx percentile_cont percentile_disc median mode
+    collect_list collect_set array_agg corr covar_pop covar_samp bool_and bool_or every some any
+    max_by min_by listagg string_agg
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead nth_value
+    coalesce nvl nvl2 ifnull nullif if iff greatest least isnull isnotnull nanvl zeroifnull
+    nullifzero
+    cast try_cast int bigint smallint tinyint double float string boolean date timestamp decimal
+    abs round bround floor ceil ceiling sqrt cbrt pow power exp ln log log2 log10 log1p sign
+    signum mod pmod rand random pi e degrees radians sin cos tan asin acos atan atan2 sinh cosh
+    tanh positive negative div try_add try_subtract try_multiply try_divide width_bucket hypot
+    upper ucase lower lcase length len char_length character_length octet_length bit_length
+    substring substr left right trim ltrim rtrim btrim concat concat_ws replace translate instr
+    locate position lpad rpad initcap reverse split split_part startswith endswith contains like
+    ilike rlike regexp regexp_like regexp_extract regexp_extract_all regexp_replace
+    regexp_count regexp_substr format_string printf format_number ascii chr char soundex
+    levenshtein md5 sha sha1 sha2 crc32 hash xxhash64 hex unhex base64 unbase64 to_char
+    to_number try_to_number overlay find_in_set substring_index
+    current_date current_timestamp now curdate current_timezone date_add date_sub dateadd
+    datediff date_diff add_months months_between date_format date_trunc trunc to_date
+    to_timestamp try_to_timestamp unix_timestamp from_unixtime to_unix_timestamp unix_seconds
+    unix_millis timestamp_seconds timestamp_millis year quarter month day dayofmonth dayofweek
+    dayofyear weekday weekofyear hour minute second last_day next_day make_date make_timestamp
+    extract date_part datepart timestampadd timestampdiff from_utc_timestamp to_utc_timestamp
+    array array_contains array_distinct array_except array_intersect array_join array_max
+    array_min array_position array_remove array_sort array_union arrays_overlap arrays_zip size
+    cardinality element_at try_element_at explode explode_outer posexplode posexplode_outer
+    inline inline_outer flatten slice sort_array struct named_struct map map_keys map_values
+    map_from_arrays transform filter exists forall aggregate reduce zip_with get stack
+    get_json_object json_tuple from_json to_json
+    """.split()
+)
+
+# Syntax that is not a function call although sqlglot models it as one.
+_SYNTAX = (exp.Case, exp.Connector)
+
+# Every other node of the tree must be one of these: the syntax of read-only queries. Anything
+# else (DDL, DML, commands, SET, CACHE, SELECT … INTO, hints, TRANSFORM … USING scripts, …)
+# is refused, including constructs a later sqlglot version may add.
+_QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
+    getattr(exp, name)
+    for name in """
+    Select Union Intersect Except Subquery From Join Where Group Having Qualify Order Ordered
+    Limit Offset With CTE TableAlias Table Identifier Column Star Alias Aliases Literal Boolean
+    Null Paren Tuple Neg Not And Or Xor EQ NEQ NullSafeEQ NullSafeNEQ LT LTE GT GTE Add Sub Mul
+    Div IntDiv Mod DPipe BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitwiseLeftShift
+    BitwiseRightShift Like ILike SimilarTo In Between Is Distinct Window WindowSpec Lateral
+    Pivot PivotAlias TableSample Values Interval IntervalSpan Var DataType DataTypeParam
+    Bracket Dot Lambda Filter Cube Rollup GroupingSets Cluster Distribute Sort Any All If
+    Case Kwarg PropertyEQ Slice Escape RespectNulls IgnoreNulls HavingMax Placeholder Parameter
+    HexString WithinGroup
+    """.split()
+    if hasattr(exp, name)
+) + tuple(  # the parsed path argument of get_json_object
+    getattr(exp, name) for name in dir(exp) if name.startswith("JSONPath") and isinstance(getattr(exp, name), type)
+)
+
+_TABLE_ARGS = frozenset({"this", "alias", "pivots", "sample", "joins", "laterals"})
+_CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+
+
+def check_query(sql: str, views: Collection[str]) -> str:
+    """The Spark SQL to run for analyst statement ``sql`` over the registered ``views``;
+    QueryRejected naming the first problem otherwise."""
+    try:
+        statements = [s for s in sqlglot.parse(sql, dialect="spark") if s is not None]
+    except SqlglotError as error:
+        raise QueryRejected(f"could not parse the statement: {str(error).splitlines()[0]}") from None
+    if not statements:
+        raise QueryRejected("the statement is empty")
+    if len(statements) > 1:
+        raise QueryRejected(f"send exactly one statement (found {len(statements)})")
+    tree = statements[0]
+    if not isinstance(tree, exp.Query):
+        kind = "a command" if isinstance(tree, exp.Command) else type(tree).__name__.upper()
+        raise QueryRejected(f"only a SELECT query is allowed, not {kind}")
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    known = {v.lower(): v for v in views}
+    for node in tree.walk():
+        if isinstance(node, exp.Table):
+            _check_table(node, known, ctes)
+        elif isinstance(node, exp.Func) and not isinstance(node, _SYNTAX):
+            _check_function(node)
+        elif type(node) not in _QUERY_SYNTAX:
+            raise QueryRejected(f"{_construct(node)} not allowed: only a read-only SELECT over views is")
+        if isinstance(node, exp.Select):
+            for clause, label in (("into", "SELECT … INTO"), ("hint", "query hints")):
+                if node.args.get(clause):
+                    raise QueryRejected(f"{label} not allowed: only a read-only SELECT over views is")
+    out = tree.sql(dialect="spark")
+    if "${" in out:
+        raise QueryRejected("variable substitution (${…}) is not allowed")
+    return out
+
+
+_LABELS = {
+    "querytransform": "TRANSFORM … USING (scripts)",
+    "into": "SELECT … INTO",
+    "hint": "query hints",
+    "command": "commands",
+}
+
+
+def _construct(node: exp.Expression) -> str:
+    key = node.key.lower()
+    return _LABELS.get(key, key.upper())
+
+
+def _check_table(table: exp.Table, views: dict[str, str], ctes: set[str]) -> None:
+    if not isinstance(table.this, exp.Identifier):
+        raise QueryRejected(f"{table.this.sql(dialect='spark')} in FROM is not allowed: name a view")
+    written = table.sql(dialect="spark")
+    if table.args.get("db") or table.args.get("catalog"):
+        raise QueryRejected(f"{written}: qualified names and file paths are not allowed; name a view")
+    extra = sorted(k for k, v in table.args.items() if v and k not in _TABLE_ARGS)
+    if extra:
+        raise QueryRejected(f"{written}: {', '.join(extra)} not allowed on a table reference")
+    name = table.name.lower()
+    if name not in views and name not in ctes:
+        shown = ", ".join(sorted(views.values())) or "none yet"
+        raise QueryRejected(f"unknown view {table.name!r}: queries may read only views ({shown})")
+
+
+def _check_function(node: exp.Func) -> None:
+    if isinstance(node, exp.Anonymous):
+        name = node.name if isinstance(node.this, str) else node.this.sql()
+    else:
+        match = _CALL.match(node.sql(dialect="spark"))
+        name = match.group(1) if match else node.sql_name()  # CURRENT_DATE, a RLIKE b, …
+    if name.lower() not in ALLOWED_FUNCTIONS:
+        raise QueryRejected(f"function {name} is not allowed in analyst queries")
+
+
+# -- running it ----------------------------------------------------------------------------------
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-friendly form of what Spark returns."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(item, tuple) and len(item) == 2 for item in value) and value:
+            return {str(k): json_value(v) for k, v in value}  # Arrow maps come as pairs
+        return [json_value(v) for v in value]
+    return str(value)
+
+
+def run_query(spark, sql: str, limit: int, tag: str) -> tuple[list[str], list[list[Any]], bool]:
+    """Run checked Spark SQL under job tag ``tag`` (so it can be cancelled); blocking."""
+    context = spark.sparkContext
+    context.addJobTag(tag)
+    try:
+        frame = spark.sql(sql)
+        table = frame.limit(limit + 1).toArrow()
+    finally:
+        context.removeJobTag(tag)
+    columns = list(frame.columns)
+    data = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    rows = [[json_value(v) for v in row] for row in zip(*data)] if data else []
+    return columns, rows[:limit], len(rows) > limit
+
+
+def _manager(request: Request) -> Manager:
+    return request.app.state.manager
+
+
+def _spark(manager: Manager):
+    spark = getattr(manager.store, "spark", None)
+    if spark is None:
+        raise ManagerError("analyst SQL needs the Spark view store (pvm serve --store spark)", 501)
+    return spark
+
+
+@router.post("/v1/query", response_model=QueryOut)
+async def query(body: QueryIn, request: Request) -> QueryOut:
+    """One read-only SELECT over the views (as of their watermarks), in Spark SQL."""
+    manager = _manager(request)
+    spark = _spark(manager)
+    try:
+        sql = check_query(body.sql, manager.views)
+    except QueryRejected as exc:
+        raise ManagerError(str(exc), 400) from exc
+    tag = f"pvm-query-{uuid.uuid4().hex}"
+    task = asyncio.create_task(asyncio.to_thread(run_query, spark, sql, body.limit, tag))
+    try:
+        columns, rows, truncated = await asyncio.wait_for(asyncio.shield(task), QUERY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        spark.sparkContext.cancelJobsWithTag(tag)
+        raise ManagerError(f"the query ran longer than {QUERY_TIMEOUT_S:.0f} s and was cancelled", 400) from None
+    except Exception as exc:
+        if isinstance(exc, ManagerError):
+            raise
+        raise ManagerError(f"the query failed: {_spark_message(exc)}", 400) from exc
+    return QueryOut(columns=columns, rows=rows, truncated=truncated)
+
+
+@router.post("/v1/views/{name}/verify")
+async def verify(name: str, request: Request, body: VerifyIn | None = None) -> dict[str, Any]:
+    """Recompute the view from its sources and compare it with the view as of its watermark;
+    ``equal`` says whether they match, ``missing``/``extra`` list differing rows."""
+    from warehouse.verify import VerifyError, verify_view
+
+    manager = _manager(request)
+    try:
+        report = await verify_view(manager, name, (body or VerifyIn()).max_differences)
+    except VerifyError as exc:
+        raise ManagerError(str(exc), exc.status) from exc
+    return report.to_dict()
+
+
+def _spark_message(exc: BaseException) -> str:
+    """The first line of a Spark error, without the JVM stack trace."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:1000] if lines else type(exc).__name__

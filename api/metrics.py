@@ -1,0 +1,171 @@
+"""Prometheus metrics of a manager, collected on scrape from its counters.
+
+Every app gets its own ``CollectorRegistry`` (never the process-wide default), so several
+managers in one process (tests, the demo) do not collide. Nothing is counted twice: the
+collector reads the receiver, the protocol state and each view's ``ViewCounters`` when
+``/metrics`` is scraped. Histograms are built from the maintainers' lists of observations,
+reading only what was appended since the previous scrape.
+
+Scrapes run on the manager's event loop, like maintenance itself, so they see consistent
+counters without locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+SUBQUERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+STATES = ("initializing", "active", "failed")
+
+
+class _Histogram:
+    """Cumulative bucket counts over a list that only grows; a new list (a view dropped and
+    defined again) starts over."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.seen = 0
+        self.source_id = 0
+
+    def update(self, values: list[float]) -> None:
+        if id(values) != self.source_id or len(values) < self.seen:
+            self.__init__(self.bounds)  # type: ignore[misc]
+            self.source_id = id(values)
+        for v in values[self.seen :]:
+            i = next((k for k, b in enumerate(self.bounds) if v <= b), len(self.bounds))
+            self.counts[i] += 1
+            self.total += v
+        self.seen = len(values)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class ManagerCollector(Collector):
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self._histograms: dict[tuple[str, ...], _Histogram] = {}
+
+    def _histogram(self, key: tuple[str, ...], bounds: Sequence[float], values: list[float]) -> _Histogram:
+        h = self._histograms.get(key)
+        if h is None:
+            h = self._histograms[key] = _Histogram(bounds)
+        h.update(values)
+        return h
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.manager
+        received = CounterMetricFamily(
+            "pvm_source_updates_received", "Updates of a source received, durable and released in seq order", labels=["source"]
+        )
+        for source in sorted(m.clients):
+            received.add_metric([source], m.receiver.released_through(source))
+        yield received
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["view"])
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = ("view",)) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=list(labels))
+
+        families = {
+            "received": counter("pvm_view_updates_received", "Source updates routed to the view"),
+            "started": counter("pvm_view_units_started", "Maintenance units started (moved from the UMQ into the PPU)"),
+            "maintained": counter("pvm_view_units_maintained", "Maintenance units whose effect is computed"),
+            "committed": counter("pvm_view_units_committed", "Maintenance units whose effect is committed to the store"),
+            "subqueries": counter("pvm_view_subqueries", "Subqueries sent to the sources' wrappers"),
+            "compensations": counter("pvm_view_compensations", "Concurrent updates compensated in subquery answers"),
+            "pending": gauge("pvm_view_updates_pending", "Updates queued (UMQ) or being maintained (PPU)"),
+            "queued": gauge("pvm_view_updates_queued", "Updates waiting in the UMQ"),
+            "ppu": gauge("pvm_view_ppu_occupancy", "Units being maintained (PPU occupancy)"),
+            "ppu_size": gauge("pvm_view_ppu_size", "PPU size p: units maintained at most at once"),
+            "retained": gauge("pvm_view_units_retained", "Maintained units kept for compensation (RPU)"),
+            "watermark": gauge("pvm_view_watermark", "Visibility watermark W: every order <= W is committed"),
+            "lag_updates": gauge("pvm_view_lag_updates", "Updates received but not visible at W yet"),
+            "lag_seconds": gauge("pvm_view_lag_seconds", "Age of the oldest update still queued, in seconds"),
+            "state": gauge("pvm_view_state", "1 for the state the view is in", ("view", "state")),
+        }
+        subquery = HistogramMetricFamily(
+            "pvm_subquery_seconds", "Latency of maintenance subqueries, by source", labels=["view", "source"]
+        )
+        groups = HistogramMetricFamily(
+            "pvm_commit_group_size", "Effects written to the view store in one commit", labels=["view"]
+        )
+        for name in sorted(m.views):
+            handle = m.views[name]
+            maintainer = handle.maintainer
+            protocol = maintainer.protocol
+            c = maintainer.counters
+            progress = view_progress(handle)
+            for key, value in (
+                ("received", c.updates_received),
+                ("started", c.units_started),
+                ("maintained", c.units_maintained),
+                ("committed", c.units_committed),
+                ("subqueries", c.subqueries),
+                ("compensations", c.compensations),
+                ("pending", progress["updates_pending"]),
+                ("queued", len(protocol.umq)),
+                ("ppu", len(protocol.ppu)),
+                ("ppu_size", protocol.parallelism),
+                ("retained", len(protocol.rpu)),
+                ("watermark", protocol.watermark),
+                ("lag_updates", progress["lag_updates"]),
+                ("lag_seconds", progress["lag_seconds"]),
+            ):
+                families[key].add_metric([name], value)
+            state = handle.info.state
+            for s in dict.fromkeys((*STATES, state)):
+                families["state"].add_metric([name, s], 1.0 if s == state else 0.0)
+            for source, seconds in sorted(c.subquery_seconds.items()):
+                h = self._histogram(("subquery", name, source), SUBQUERY_BUCKETS, seconds)
+                subquery.add_metric([name, source], h.buckets(), h.total)
+            h = self._histogram(("groups", name), GROUP_BUCKETS, c.commit_groups)
+            groups.add_metric([name], h.buckets(), h.total)
+        live = {k for k in self._histograms if k[1] in m.views}
+        self._histograms = {k: v for k, v in self._histograms.items() if k in live}
+        yield from families.values()
+        yield subquery
+        yield groups
+
+
+def view_progress(handle: Any) -> dict[str, Any]:
+    """How far behind a view is: updates queued or running, updates not visible at W (queued,
+    plus every numbered unit above W), and the age of the oldest queued update."""
+    import time
+
+    protocol = handle.maintainer.protocol
+    running = sum(len(u.updates) for u in protocol.ppu.values())
+    numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
+    oldest = min((u.received_at for u in protocol.umq if u.received_at is not None), default=None)
+    return {
+        "updates_pending": len(protocol.umq) + running,
+        "lag_updates": len(protocol.umq) + numbered_above_w,
+        "lag_seconds": 0.0 if oldest is None else round(max(0.0, time.time() - oldest), 3),
+    }
+
+
+def registry_for(manager: Any) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ManagerCollector(manager))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The text exposition of ``registry`` and its content type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+__all__ = ["ManagerCollector", "registry_for", "render", "view_progress"]

@@ -1,0 +1,435 @@
+"""``pvm bench commit``: what the Spark view store sustains, and how fresh the views stay.
+
+Two measurements in one run, on one Spark session:
+
+1. **Grouped commits.** Effect rows per second committed to Spark when the commit manager
+   appends many ready effects at once, against one Spark append per effect, side by side on
+   the same store (``warehouse.store.bench.bench_commit``).
+2. **Freshness.** A whole deployment (three SQLite sources with trigger capture and their
+   wrapper processes, the manager, the Spark store with background compaction) maintains a
+   three-way join view while one writer commits source transactions at a steady ``--rate``
+   spread round-robin over the three sources: new orders in ``shop``, renamed customers in
+   ``crm``, renamed products in ``inventory``. A transaction's freshness is the time from its
+   commit at the source to the moment its row is visible to Spark SQL readers: the end of the
+   first publish of a watermark W that covers it (after which every query of the view sees
+   it). The transaction is traced to its maintenance unit through the manager's update log
+   (each transaction leaves a marker, an order id or a new name, in its changes).
+   Independently, a reader polls the view with Spark SQL as an analyst would and records when
+   it first sees each marker: an upper bound (by at most one poll period) that cross-checks
+   the publish instants. A rename overwritten by a later rename of the same row before the
+   reader saw it may legally never be seen by a poller (readers see states as of W, not every
+   state in between): such markers are counted, not timed, in the polled figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pvm.cli import CliError
+
+VIEW = "fresh_orders"
+VIEW_SQL = (
+    f"CREATE VIEW {VIEW} AS SELECT o.id AS order_id, o.qty, c.name AS customer, p.name AS product "
+    "FROM crm.customers c, shop.orders o, inventory.products p "  # a chain: every SWEEP step joins
+    "WHERE o.customer_id = c.id AND o.product_id = p.id"
+)
+SCHEMAS = {
+    "shop": ("orders", "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, qty INTEGER)"),
+    "crm": ("customers", "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, region TEXT)"),
+    "inventory": ("products", "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, price REAL)"),
+}
+GOALS = {"grouped_rows_per_s": 50_000, "speedup": 20.0, "freshness_p99_s": 2.0}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rate", type=float, default=200.0, help="source transactions per second, over all three sources (default: 200)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the writer runs (default: 20)")
+    parser.add_argument("--rows", type=int, default=2000, help="customers, products and initial orders (default: 2000)")
+    parser.add_argument("--parallelism", type=int, default=4, help="PPU size p of the view (default: 4)")
+    parser.add_argument("--batch-size", type=int, default=20, help="queued updates of one source maintained as one unit (default: 20)")
+    parser.add_argument("--effects-per-group", type=int, default=200, help="grouped commits: effects per append (default: 200)")
+    parser.add_argument("--rows-per-effect", type=int, default=100, help="grouped commits: rows per effect (default: 100)")
+    parser.add_argument("--groups", type=int, default=5, help="grouped commits: timed appends (default: 5)")
+    parser.add_argument("--single-effects", type=int, default=20, help="one effect per append: timed appends (default: 20)")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between the Spark SQL reader's polls (default: 1)")
+    parser.add_argument("--skip-freshness", action="store_true", help="measure the commit rates only")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where sources, catalog and Spark files go (default: a temporary directory)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    parser.add_argument("--seed", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rate <= 0 or args.seconds <= 0 or args.rows < 10:
+        raise CliError("need --rate > 0, --seconds > 0 and --rows >= 10")
+    if min(args.effects_per_group, args.rows_per_effect, args.groups, args.single_effects, args.parallelism, args.batch_size) < 1:
+        raise CliError("the sizes and counts must be >= 1")
+    if args.data_dir is None:
+        with tempfile.TemporaryDirectory(prefix="pvm-bench-commit-") as tmp:
+            figures = measure(args, Path(tmp))
+    else:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        figures = measure(args, args.data_dir)
+    report(figures)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def measure(args: argparse.Namespace, data_dir: Path) -> dict:
+    from rich.console import Console
+
+    from pvm.local import catalog_url
+    from pvm.serve import open_store
+    from warehouse.store.bench import bench_commit
+
+    console = Console(stderr=True)
+    with console.status("starting Spark"):
+        store = open_store("spark", data_dir, None, catalog_url(data_dir))
+    with console.status("grouped commits against one append per effect"):
+        commit = bench_commit(
+            store,
+            effects_per_group=args.effects_per_group,
+            rows_per_effect=args.rows_per_effect,
+            groups=args.groups,
+            single_effects=args.single_effects,
+        )
+    figures = {"machine": {"cores": os.cpu_count()}, "commit": {k: round(v, 3) for k, v in commit.items()}, "goals": GOALS}
+    if not args.skip_freshness:
+        figures["freshness"] = asyncio.run(Freshness(args, data_dir, store, console).run())
+    return figures
+
+
+# -- freshness ---------------------------------------------------------------------------------------
+@dataclass
+class Marker:
+    committed_at: float
+    key: tuple[str, int]  # the source row it lives in; a later marker on it supersedes this one
+    seen_at: float | None = None
+
+
+@dataclass
+class Ledger:
+    """Markers by what the reader looks for: order ids and names."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    orders: dict[int, Marker] = field(default_factory=dict)
+    names: dict[str, Marker] = field(default_factory=dict)
+    latest: dict[tuple[str, int], str] = field(default_factory=dict)  # row -> its newest name
+    polls: list[float] = field(default_factory=list)  # seconds between poll starts
+    errors: list[str] = field(default_factory=list)  # failed reads
+
+    def pending(self) -> int:
+        with self.lock:
+            return sum(m.seen_at is None for m in (*self.orders.values(), *self.names.values()))
+
+
+class Freshness:
+    def __init__(self, args: argparse.Namespace, data_dir: Path, store, console) -> None:
+        self.args = args
+        self.data_dir = data_dir
+        self.store = store
+        self.console = console
+        self.rng = random.Random(args.seed)
+        self.ledger = Ledger()
+        self.stop_reader = threading.Event()
+        self.publishes: list[tuple[float, int]] = []  # (end of publish, W), in time order
+        self.publish_seconds: list[float] = []
+        self.commit_seconds: list[float] = []
+        self.commit_rows: list[int] = []
+
+    async def run(self) -> dict:
+        from warehouse.store.compaction import CompactionPolicy, Compactor
+
+        paths = self._create_sources()
+        compactor = Compactor(self.store, CompactionPolicy(max_files=30, max_age_s=15.0), interval_s=2.0)
+        publish, commit = self.store.publish, self.store.commit
+
+        def recorded_publish(view: str, watermark: int) -> None:
+            started = time.time()
+            publish(view, watermark)
+            if view == VIEW:
+                self.publishes.append((time.time(), watermark))  # W is visible to SQL readers
+                self.publish_seconds.append(time.time() - started)
+
+        def timed_commit(view: str, effects) -> None:
+            started = time.time()
+            commit(view, effects)
+            if view == VIEW:
+                self.commit_seconds.append(time.time() - started)
+                self.commit_rows.append(sum(len(e.delta) for e in effects))
+
+        self.store.publish, self.store.commit = recorded_publish, timed_commit
+        try:
+            return await self._run(paths, compactor)
+        finally:
+            del self.store.publish, self.store.commit
+
+    async def _run(self, paths: dict[str, Path], compactor) -> dict:
+        from pvm.local import LocalDeployment
+
+        async with LocalDeployment(self.data_dir, self.store) as deployment:
+            for source, (table, _) in SCHEMAS.items():
+                await deployment.add_sqlite_source(source, paths[source], [table], max_concurrent_queries=2)
+            manager = deployment.manager
+            with self.console.status("initial load of the view"):
+                await manager.define_view(VIEW_SQL, parallelism=self.args.parallelism, batch_size=self.args.batch_size)
+                await manager.wait_idle(VIEW, timeout=300)
+            compactor.start()
+            reader = threading.Thread(target=self._read, name="bench-reader", daemon=True)
+            reader.start()
+            try:
+                with self.console.status(f"{self.args.rate:g} transactions/s for {self.args.seconds:g} s"):
+                    writer = await asyncio.to_thread(self._write, paths)
+                with self.console.status("waiting for the last markers"):
+                    await deployment.wait_shipped()
+                    await manager.wait_idle(VIEW, timeout=300)
+                    deadline = time.monotonic() + 60
+                    while time.monotonic() < deadline and (
+                        self.store.published(VIEW) != manager.watermark(VIEW)
+                        or (self.ledger.pending() and not self._all_pending_superseded())
+                    ):
+                        await asyncio.sleep(0.2)
+            finally:
+                self.stop_reader.set()
+                await asyncio.to_thread(reader.join)
+                await asyncio.to_thread(compactor.stop)
+            status = manager.status(VIEW)
+            if status["state"] == "failed":
+                raise CliError(f"maintenance failed: {status['error']}")
+            visible = await self._visible_at(manager)
+            await manager.drop_view(VIEW)
+        return self._figures(writer, status, visible)
+
+    async def _visible_at(self, manager) -> dict[tuple[str, object], float]:
+        """Per marker, when the first watermark covering its transaction was published."""
+        import bisect
+
+        units = await manager.db("units", VIEW)
+        order_of = {log_id: u.order for u in units for log_id in u.log_ids}
+        times = [t for t, _ in self.publishes]
+        marks = [w for _, w in self.publishes]  # nondecreasing
+        out: dict[tuple[str, object], float] = {}
+        for source in SCHEMAS:
+            for entry in await manager.db("log_entries", source, 0):
+                order = order_of.get(entry.id)
+                i = bisect.bisect_left(marks, order) if order is not None else len(marks)
+                if i == len(marks):
+                    continue
+                for change in entry.changes:
+                    if change["sign"] == 1:
+                        row = change["row"]
+                        key = ("order", row["id"]) if source == "shop" else ("name", row.get("name"))
+                        out[key] = times[i]
+        return out
+
+    # -- the sources and the writer ----------------------------------------------------------------
+    def _create_sources(self) -> dict[str, Path]:
+        n, rng = self.args.rows, self.rng
+        paths = {}
+        for source, (table, ddl) in SCHEMAS.items():
+            path = self.data_dir / f"fresh-{source}.db"
+            path.unlink(missing_ok=True)
+            with sqlite3.connect(path) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(ddl)
+            paths[source] = path
+        with sqlite3.connect(paths["crm"]) as db:
+            db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(i, f"c{i}", rng.choice("NSEW")) for i in range(1, n + 1)])
+        with sqlite3.connect(paths["inventory"]) as db:
+            db.executemany("INSERT INTO products VALUES (?, ?, ?)", [(i, f"p{i}", round(rng.uniform(1, 100), 2)) for i in range(1, n + 1)])
+        with sqlite3.connect(paths["shop"]) as db:  # every customer and product has an order
+            db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", [(i, i, n + 1 - i, 1) for i in range(1, n + 1)])
+        return paths
+
+    def _write(self, paths: dict[str, Path]) -> dict:
+        """Commit transactions on a fixed schedule; returns what was achieved."""
+        connections = {s: sqlite3.connect(p, timeout=30) for s, p in paths.items()}
+        n, rng, ledger = self.args.rows, self.rng, self.ledger
+        total = int(self.args.rate * self.args.seconds)
+        next_order = n
+        late = 0.0
+        started = time.monotonic()
+        try:
+            for i in range(total):
+                target = started + i / self.args.rate
+                delay = target - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                else:
+                    late = max(late, -delay)
+                source = ("shop", "crm", "inventory")[i % 3]
+                db = connections[source]
+                if source == "shop":
+                    next_order += 1
+                    with db:
+                        db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_order, rng.randint(1, n), rng.randint(1, n), rng.randint(1, 5)))
+                    with ledger.lock:
+                        ledger.orders[next_order] = Marker(time.time(), ("shop", next_order))
+                else:
+                    key = rng.randint(1, n)
+                    name = f"{source[0]}{key}-t{i}"
+                    table = SCHEMAS[source][0]
+                    with db:
+                        db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, key))  # fixed names
+                    with ledger.lock:
+                        ledger.names[name] = Marker(time.time(), (source, key))
+                        ledger.latest[(source, key)] = name
+        finally:
+            elapsed = time.monotonic() - started
+            for db in connections.values():
+                db.close()
+        return {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late}
+
+    def _all_pending_superseded(self) -> bool:
+        with self.ledger.lock:
+            return all(
+                m.seen_at is not None or self.ledger.latest.get(m.key) != name
+                for name, m in self.ledger.names.items()
+            ) and all(m.seen_at is not None for m in self.ledger.orders.values())
+
+    # -- the reader -----------------------------------------------------------------------------------
+    def _read(self) -> None:
+        spark = self.store.spark
+        # Markers only: new orders and renamed rows. The conditions are on the view's grouping
+        # columns, so Spark filters below the view's aggregation, as for any selective query.
+        query = (
+            f"SELECT order_id, customer, product FROM {VIEW} "
+            f"WHERE order_id > {self.args.rows} OR customer LIKE '%-t%' OR product LIKE '%-t%'"
+        )
+        last = None
+        while not self.stop_reader.is_set():
+            started = time.time()
+            try:
+                table = spark.sql(query).toArrow()
+            except Exception as exc:  # counted: a reader must never miss the view
+                self.ledger.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                self.stop_reader.wait(0.05)
+                continue
+            if last is not None:
+                self.ledger.polls.append(started - last)
+            last = started
+            orders = set(table.column(0).to_pylist())
+            names = set(table.column(1).to_pylist()) | set(table.column(2).to_pylist())
+            with self.ledger.lock:
+                for order, marker in self.ledger.orders.items():
+                    if marker.seen_at is None and order in orders:
+                        marker.seen_at = started
+                for name, marker in self.ledger.names.items():
+                    if marker.seen_at is None and name in names:
+                        marker.seen_at = started
+            self.stop_reader.wait(self.args.poll_interval)
+
+    def _figures(self, writer: dict, status: dict, visible: dict) -> dict:
+        ledger = self.ledger
+        keyed = [*((("order", k), m) for k, m in ledger.orders.items()), *((("name", k), m) for k, m in ledger.names.items())]
+        exact = sorted(visible[k] - m.committed_at for k, m in keyed if k in visible)
+        early = sum(1 for k, m in keyed if k in visible and m.seen_at is not None and m.seen_at < visible[k] - 0.05)
+        markers = [m for _, m in keyed]
+        seen = sorted(m.seen_at - m.committed_at for m in markers if m.seen_at is not None)
+        unseen = [(name, m) for name, m in ledger.names.items() if m.seen_at is None]
+        superseded = sum(ledger.latest.get(m.key) != name for name, m in unseen)
+        missing = len(unseen) - superseded + sum(m.seen_at is None for m in ledger.orders.values())
+        polls = sorted(ledger.polls)
+        return {
+            "sources": len(SCHEMAS),
+            "target_rate": self.args.rate,
+            "achieved_rate": round(writer["rate"], 1),
+            "writer_seconds": round(writer["seconds"], 2),
+            "max_behind_schedule_s": round(writer["max_behind_schedule_s"], 3),
+            "transactions": writer["transactions"],
+            "measured": len(exact),
+            "p50_s": round(_quantile(exact, 0.50), 3),
+            "p90_s": round(_quantile(exact, 0.90), 3),
+            "p99_s": round(_quantile(exact, 0.99), 3),
+            "max_s": round(exact[-1], 3) if exact else None,
+            "publishes": len(self.publishes),
+            "store_append_s_mean": round(sum(self.commit_seconds) / max(1, len(self.commit_seconds)), 3),
+            "store_append_rows_mean": round(sum(self.commit_rows) / max(1, len(self.commit_rows)), 1),
+            "publish_s_mean": round(sum(self.publish_seconds) / max(1, len(self.publish_seconds)), 3),
+            "polled": {
+                "measured": len(seen),
+                "superseded_unseen": superseded,
+                "never_seen": missing,
+                "seen_before_publish": early,
+                "p50_s": round(_quantile(seen, 0.50), 3),
+                "p90_s": round(_quantile(seen, 0.90), 3),
+                "p99_s": round(_quantile(seen, 0.99), 3),
+                "max_s": round(seen[-1], 3) if seen else None,
+            },
+            "poll_period_p50_s": round(_quantile(polls, 0.5), 3),
+            "poll_period_max_s": round(polls[-1], 3) if polls else None,
+            "read_errors": len(ledger.errors),
+            "first_read_error": ledger.errors[0] if ledger.errors else None,
+            "view": {
+                "parallelism": self.args.parallelism,
+                "batch_size": self.args.batch_size,
+                "units_committed": status["counters"]["units_committed"],
+                "commit_groups": status["counters"]["commit_groups"],
+                "compensations": status["counters"]["compensations"],
+                "watermark": status["watermark"],
+            },
+        }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def report(figures: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    c = figures["commit"]
+    table = Table(title="Spark store commits (side by side, one run)")
+    for col in ("", "effect rows/s", "rows per append"):
+        table.add_column(col)
+    table.add_row("grouped appends", f"{c['grouped_rows_per_s']:,.0f}", f"{c['rows_per_group']:,.0f}")
+    table.add_row("one append per effect", f"{c['single_rows_per_s']:,.0f}", f"{c['rows_per_single_append']:,.0f}")
+    table.add_row("ratio", f"{c['speedup']:.1f}x", "")
+    console.print(table)
+    f = figures.get("freshness")
+    if f:
+        t = Table(title=f"freshness: source commit -> visible in Spark SQL ({f['sources']} sources)")
+        t.add_column("")
+        t.add_column("value")
+        t.add_row("rate (target / achieved)", f"{f['target_rate']:g} / {f['achieved_rate']:g} transactions/s")
+        t.add_row("transactions measured", f"{f['measured']} of {f['transactions']} ({f['publishes']} publishes of W)")
+        t.add_row("p50 / p90 / p99 / max", f"{f['p50_s']:.3f} / {f['p90_s']:.3f} / {f['p99_s']:.3f} / {f['max_s']} s")
+        p = f["polled"]
+        t.add_row(
+            "polled by a Spark SQL reader: p50 / p99",
+            f"{p['p50_s']:.3f} / {p['p99_s']:.3f} s ({p['measured']} seen, {p['superseded_unseen']} renames superseded "
+            f"unseen, {p['never_seen']} never seen, {p['seen_before_publish']} seen before their publish)",
+        )
+        t.add_row("reader poll period (p50 / max)", f"{f['poll_period_p50_s']:.3f} / {f['poll_period_max_s']} s")
+        t.add_row("failed reads", str(f["read_errors"]) + (f" (first: {f['first_read_error']})" if f["read_errors"] else ""))
+        t.add_row("units / commit groups", f"{f['view']['units_committed']} / {f['view']['commit_groups']}")
+        t.add_row(
+            "Spark append / publish (mean)",
+            f"{f['store_append_s_mean']:.3f} s for {f['store_append_rows_mean']:g} rows / {f['publish_s_mean']:.3f} s",
+        )
+        console.print(t)
+    g = figures["goals"]
+    verdicts = [
+        ("grouped >= 50,000 rows/s", c["grouped_rows_per_s"] >= g["grouped_rows_per_s"]),
+        ("grouped >= 20x one append per effect", c["speedup"] >= g["speedup"]),
+    ]
+    if f:
+        verdicts.append(("freshness p99 <= 2 s", f["p99_s"] <= g["freshness_p99_s"]))
+    for text, ok in verdicts:
+        console.print(f"{'[green]met[/green]' if ok else '[red]not met[/red]'}: {text}")

@@ -1,0 +1,78 @@
+"""``pvm source add | list | show``: the sources and their wrappers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pvm.client import Api, comma_list, connection_options, done, print_fields, print_json, print_table
+
+MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="source_command", required=True, metavar="ACTION")
+    add = sub.add_parser(
+        "add",
+        help="register a source whose wrapper runs",
+        description="Register a source: the manager reads the schema of its captured tables from the wrapper.",
+    )
+    add.add_argument("name", help="the source's name (as the wrapper's --source)")
+    add.add_argument("--wrapper-url", required=True, help="the wrapper's address, e.g. http://127.0.0.1:8101")
+    add.add_argument("--capture", default="trigger", help="the wrapper's capture method (default: trigger)")
+    add.add_argument("--tables", default=None, help="comma-separated tables to use (default: every captured table)")
+    add.add_argument(
+        "--manager-token",
+        default=os.environ.get(MANAGER_TOKEN_ENV),
+        help=f"the secret the wrapper was started with (its --manager-token; default: ${MANAGER_TOKEN_ENV})",
+    )
+    listing = sub.add_parser("list", help="list sources", description="Every source: wrapper, capture, relations, last seq received.")
+    show = sub.add_parser("show", help="show a source and its wrapper's health", description="One source and its wrapper's health.")
+    show.add_argument("name")
+    for p in (add, listing, show):
+        connection_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    with Api(args) as api:
+        if args.source_command == "add":
+            body = {"name": args.name, "wrapper_url": args.wrapper_url, "capture": args.capture, "tables": comma_list(args.tables)}
+            if args.manager_token:
+                body["manager_token"] = args.manager_token
+            source = api.post("/v1/sources", body)
+            if args.json:
+                print_json(source)
+            else:
+                done(f"source {source['name']} registered: {', '.join(sorted(source['relations'])) or 'no tables'}")
+            return 0
+        if args.source_command == "list":
+            sources = api.get("/v1/sources")
+            if args.json:
+                print_json(sources)
+            else:
+                print_table(
+                    "sources",
+                    ["name", "wrapper", "capture", "relations", "last seq"],
+                    [(s["name"], s["wrapper_url"], s["capture"], ", ".join(sorted(s["relations"])), s["last_seq"]) for s in sources],
+                )
+            return 0
+        source = api.get(f"/v1/sources/{args.name}")
+        if args.json:
+            print_json(source)
+            return 0
+        health = source.get("health") or {}
+        if health.get("reachable"):
+            wrapper = f"reachable; last seq {health.get('last_seq')}, acknowledged through {health.get('acked_through')}, {health.get('pending')} pending"
+        else:
+            wrapper = f"[red]unreachable[/red]: {health.get('error')}"
+        print_fields(
+            f"source {source['name']}",
+            [
+                ("wrapper", source["wrapper_url"]),
+                ("capture", source["capture"]),
+                ("last seq received", source["last_seq"]),
+                ("wrapper health", wrapper),
+                *((f"table {t}", ", ".join(cols)) for t, cols in sorted(source["relations"].items())),
+            ],
+        )
+        return 0

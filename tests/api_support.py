@@ -1,0 +1,110 @@
+"""Helpers of the API and CLI tests: a manager over in-process sources with its HTTP app,
+tokens of every role, and either an in-process client (ASGI) or a live server (uvicorn on a
+loopback port, in a thread) for clients that speak real HTTP (the CLI, schemathesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.auth import issue, issue_token
+from api.manager_app import create_app
+from tests.sim import SimSource, start_sim_manager
+
+TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
+VIEW = "SELECT R.k, R.v, S.w FROM a.R, b.S WHERE R.k = S.k"
+
+
+@dataclass
+class ApiEnv:
+    manager: Any
+    sources: dict[str, SimSource]
+    app: Any
+    client: httpx.AsyncClient
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def auth(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[who]}"}
+
+
+@asynccontextmanager
+async def api_env(tmp_path: Path, **app_options: Any) -> AsyncIterator[ApiEnv]:
+    """The manager (started here: an ASGI client runs no lifespan) and tokens: ``admin``,
+    ``analyst``, ``wrapper_a`` and ``wrapper_b``."""
+    manager, sources = await start_sim_manager(tmp_path / "catalog.db", TABLES)
+    try:
+        app = create_app(manager, **app_options)
+        tokens = {
+            "admin": (await issue(manager, "admin"))[1],
+            "analyst": (await issue(manager, "analyst"))[1],
+            "wrapper_a": (await issue(manager, "wrapper", "a"))[1],
+            "wrapper_b": (await issue(manager, "wrapper", "b"))[1],
+        }
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://pvm.test") as client:
+            yield ApiEnv(manager, sources, app, client, tokens)
+    finally:
+        await manager.stop()
+
+
+class LiveManager:
+    """A manager served by uvicorn from a thread on 127.0.0.1, over in-process sources that
+    any registered name maps to (``tables`` of each new one: one relation T(k, v)). Tokens
+    ``admin`` and ``analyst`` are made directly in the catalog, as ``pvm token create
+    --data-dir`` does."""
+
+    def __init__(self, data_dir: Path, tables: dict[str, dict[str, tuple[str, ...]]] | None = None) -> None:
+        from warehouse.catalog.db import Catalog
+        from warehouse.manager import Manager
+        from warehouse.store.memory import MemoryStore
+
+        self.data_dir = data_dir
+        self.sources: dict[str, SimSource] = {}
+        self.tables = tables or TABLES
+        url = f"sqlite:///{data_dir / 'catalog.db'}"
+        catalog = Catalog(url)
+        try:
+            self.tokens = {role: issue_token(catalog, role)[1] for role in ("admin", "analyst")}
+        finally:
+            catalog.close()
+        self.manager = Manager(url, MemoryStore(), connect=self._connect)
+        self.app = create_app(self.manager)
+        self.url = ""
+
+    def _connect(self, name: str, url: str) -> SimSource:
+        if name not in self.sources:
+            tables = self.tables.get(name, {"T": ("k", "v")})
+            self.sources[name] = SimSource(name, tables, random.Random(len(self.sources)))
+            self.sources[name].receive = self.manager.receive
+        return self.sources[name]
+
+    def __enter__(self) -> LiveManager:
+        from pvm.serving import http_url, listen, uvicorn_server
+
+        sock = listen("127.0.0.1", 0)
+        self.url = http_url(sock)
+        self.server = uvicorn_server(self.app)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True)
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                break
+            threading.Event().wait(0.01)
+        raise RuntimeError("the manager did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def auth(self, role: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[role]}"}

@@ -1,0 +1,51 @@
+"""Prometheus metrics: what a scrape shows after some maintenance, per app registry."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.api_support import VIEW, api_env
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_follow_maintenance(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    async with api_env(tmp_path / "one") as env, api_env(tmp_path / "two") as other:
+        c = env.client
+        env.sources["a"].load("R", [(1, "x")])
+        env.sources["b"].load("S", [(1, 10)])
+        assert (await c.post("/v1/views", json={"sql": VIEW, "name": "v", "parallelism": 3}, headers=env.auth("admin"))).status_code == 201
+        for i in range(2, 6):
+            env.sources["a"].commit([("R", 1, (i, f"r{i}"))])
+            await env.sources["a"].ship()
+        await env.manager.wait_idle("v")
+        r = await c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        got = samples(r.text)
+        view = (("view", "v"),)
+        assert got[("pvm_source_updates_received_total", (("source", "a"),))] == 4
+        assert got[("pvm_view_updates_received_total", view)] == 4
+        assert got[("pvm_view_units_committed_total", view)] == 5  # the initial load and 4 updates
+        assert got[("pvm_view_watermark", view)] == 5
+        assert got[("pvm_view_ppu_size", view)] == 3
+        assert got[("pvm_view_ppu_occupancy", view)] == 0 and got[("pvm_view_updates_pending", view)] == 0
+        assert got[("pvm_view_lag_updates", view)] == 0
+        assert got[("pvm_view_state", (("state", "active"), ("view", "v")))] == 1
+        assert ("pvm_view_compensations_total", view) in got
+        subqueries = got[("pvm_view_subqueries_total", view)]
+        by_source = {k[1][0][1]: v for k, v in got.items() if k[0] == "pvm_subquery_seconds_count"}
+        assert sum(by_source.values()) == subqueries > 0 and by_source["b"] >= 4
+        assert got[("pvm_commit_group_size_count", view)] >= 1
+        # the count is cumulative across scrapes, not re-added
+        again = samples((await c.get("/metrics")).text)
+        assert again[("pvm_subquery_seconds_count", (("source", "b"), ("view", "v")))] == by_source["b"]
+        # another app in the same process has its own registry
+        assert "pvm_view_watermark{" not in (await other.client.get("/metrics")).text

@@ -1,0 +1,70 @@
+"""Which column types a wrapper can ship, and the one wire form of each value.
+
+A value reaches the manager on two paths: captured (JSON written by a trigger, or a row the
+wrapper read itself) and answered (a subquery result). Both must give the same scalar, or
+the manager would see two different rows where the source has one. The wire forms:
+
+* integers and booleans as JSON numbers / booleans, floating point as JSON numbers;
+* NUMERIC/DECIMAL as an integer when it has no fractional digits, else a float (what
+  ``json.loads`` makes of the number a trigger writes);
+* text as text, DATE as ISO text ``YYYY-MM-DD`` (which orders like the dates themselves).
+
+Other types (timestamps, intervals, binary, JSON, arrays, UUID, …) are refused when capture
+is installed: shipping them would need a text form whose comparisons agree with the
+source's, which this wrapper does not promise. The type *family* of a column is read from
+its reflected type name with SQLite-like affinity rules, so the same rules serve every
+dialect and the subquery builder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from wrappers.errors import WrapperError
+
+Family = Literal["integer", "float", "numeric", "boolean", "text", "date"]
+
+SUPPORTED = "integers, floating point, NUMERIC/DECIMAL, BOOLEAN, character strings and DATE"
+
+
+def family_of(type_name: str) -> Family | None:
+    """The family of a reflected SQL type name (``str(sqlalchemy type)``); None if unsupported."""
+    name = type_name.upper()
+    if name.startswith(("BOOL", "TINYINT(1)")):
+        return "boolean"
+    if "INT" in name and "INTERVAL" not in name and "POINT" not in name:
+        return "integer"
+    if name.startswith(("NUMERIC", "DECIMAL")):
+        return "numeric"
+    if name.startswith(("REAL", "FLOAT", "DOUBLE")):
+        return "float"
+    if any(word in name for word in ("CHAR", "TEXT", "CLOB")) and "BINARY" not in name:
+        return "text"
+    if name == "DATE":
+        return "date"
+    return None
+
+
+def check_shippable(table: str, columns: Iterable[tuple[str, str]]) -> None:
+    """WrapperError naming every ``(column, type name)`` of ``table`` no family covers."""
+    bad = [f"{name} ({type_name or 'no type'})" for name, type_name in columns if family_of(type_name) is None]
+    if bad:
+        raise WrapperError(
+            f"table {table!r} has column(s) the wrapper cannot ship: {', '.join(bad)}; supported: {SUPPORTED}"
+        )
+
+
+def wire_value(value: Any) -> Any:
+    """``value`` as a database driver returned it, in its wire form (see the module docstring)."""
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            return float(value)
+        return int(value) if value.as_tuple().exponent >= 0 else float(value)
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex().upper()  # SQLite sources only: what its capture triggers ship
+    return value
