@@ -1,14 +1,17 @@
 """The wrapper of one source: capture, ship, answer subqueries, keep the Interest.
 
-One asyncio lock serializes everything that assigns seqs or fixes a watermark: the polling
-loop, a subquery's handshake and an Interest change. That is what makes invariant 3 hold
-(DESIGN.md): when a subquery takes its snapshot under the lock, every change captured
-earlier is visible in it, and every change visible in it is captured and acknowledged
-before the lock is released, so the answer covers exactly seqs 1..watermark.
+The capture lock serializes everything that assigns seqs: a poll's capture, a subquery's
+snapshot and capture, an Interest change. The ship lock makes the polling loop and the
+subqueries ship one at a time. That is what makes invariant 3 hold (DESIGN.md): a subquery
+opens its snapshot and captures under the capture lock, so every change captured earlier is
+visible in it, every change visible in it gets a seq <= its watermark, and every seq
+assigned later is above it; it then ships until all of them are acknowledged. An Interest
+change takes only the capture lock: it needs seqs, not acknowledgments, so it never waits
+for a manager that is not taking updates (one that is still starting, say).
 
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
-and forgetting their ids also happens under the lock: a snapshot taken before the delete
-committed still shows those rows, and must still find their ids remembered as captured.
+and forgetting their ids also happens under the capture lock: a snapshot taken before the
+delete committed still shows those rows, and must still find their ids remembered.
 Timestamp and application capture feed a replica, which the wrapper then reads as it reads
 any trigger-captured SQLite source (``wrappers.capture``).
 """
@@ -88,7 +91,8 @@ class Wrapper:
             if capture is not None:
                 capture.close()
             raise
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # shipping
+        self._capture_lock = asyncio.Lock()  # seq assignment
         self._queries = asyncio.Semaphore(config.max_concurrent_queries)
         self._shipped_through = self.state.acked_through
         self._deleted_through = 0
@@ -121,10 +125,12 @@ class Wrapper:
         acknowledged changes from the outbox; with timestamp capture, finally poll the
         source into the replica (a source that is down then delays nothing else)."""
         async with self._lock:
-            await asyncio.to_thread(self._capture_now)
+            async with self._capture_lock:
+                await asyncio.to_thread(self._capture_now)
             await self._ship_pending()
             if not self._ordered:
-                await asyncio.to_thread(self._delete_acknowledged_ids)
+                async with self._capture_lock:
+                    await asyncio.to_thread(self._delete_acknowledged_ids)
         if self._ordered:
             await asyncio.to_thread(self._delete_acknowledged)
         if self.capture.pull is not None:
@@ -154,7 +160,7 @@ class Wrapper:
 
     def _capture(self, conn: sa.Connection) -> None:
         """Turn the uncaptured outbox rows visible to ``conn`` into the next update (caller
-        holds the lock). One read sees whole transactions only, merged into one update."""
+        holds the capture lock). One read sees whole transactions only, merged into one update."""
         rows = self._dialect.read_outbox(conn, self.state.captured_through if self._ordered else 0)
         if not self._ordered:
             rows = [r for r in rows if not self.state.is_captured(r.id)]
@@ -167,7 +173,7 @@ class Wrapper:
                 log.debug("captured update %d of %s (%d outbox rows)", seq, self.config.source, len(chunk))
 
     async def _ship_pending(self) -> None:
-        """Send every pending update and wait until all are acknowledged (caller holds the lock)."""
+        """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
         assert self._shipper is not None, "start() the wrapper first"
         while batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post):
             through = await self._shipper.send(batch, self.state.last_seq)
@@ -182,7 +188,7 @@ class Wrapper:
             self._deleted_through = through
 
     def _delete_acknowledged_ids(self) -> None:
-        """Invariant 1 where ids are not in commit order (caller holds the lock, see above)."""
+        """Invariant 1 where ids are not in commit order (caller holds the capture lock, see above)."""
         ids = self.state.deletable_ids()
         if ids:
             self._dialect.delete_outbox_ids(self.engine, ids)
@@ -194,14 +200,19 @@ class Wrapper:
         started = time.perf_counter()
         prepared = query.prepare(subquery, self.schema, self.engine.dialect.name)
         async with self._lock:
-            snapshot = await Snapshot.open(self._dialect, self.engine)
+            async with self._capture_lock:
+                snapshot = await Snapshot.open(self._dialect, self.engine)
+                try:
+                    await snapshot.run(self._capture)
+                except BaseException:
+                    snapshot.close()
+                    raise
+                watermark = self.state.last_seq
             try:
-                await snapshot.run(self._capture)
-                await self._ship_pending()
+                await self._ship_pending()  # through at least the watermark
             except BaseException:
                 snapshot.close()
                 raise
-            watermark = self.state.last_seq
         try:
             async with self._queries:
                 if self.config.query_delay_ms:
@@ -232,7 +243,7 @@ class Wrapper:
         wait for updates it cannot take yet (they ship with the next poll).
         """
         new_filter = ChangeFilter.build(interest, self.schema)
-        async with self._lock:
+        async with self._capture_lock:
             await asyncio.to_thread(self._capture_now)
             await asyncio.to_thread(self.state.set_interest, interest)
             self._filter = new_filter

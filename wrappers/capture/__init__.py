@@ -157,7 +157,7 @@ def _copy(dialect: CaptureDialect, engine: sa.Engine, schema: SourceSchema, repl
         rows = {
             name: [
                 {c: wire_value(v) for c, v in zip(table.columns, values)}
-                for values in conn.execute(sa.select(*(sa.column(c) for c in table.columns)).select_from(sa.table(name)))
+                for values in conn.execute(sa.select(*table.query_table().c))
             ]
             for name, table in schema.tables.items()
         }

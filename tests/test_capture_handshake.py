@@ -1,0 +1,175 @@
+"""Trigger capture on PostgreSQL and MariaDB through a real wrapper process and a stand-in
+manager: the watermark handshake under concurrent writers (DESIGN.md invariant 3), and a
+durable wrapper across a crash and a manager outage (invariants 1 and 2).
+
+Outbox ids there are not commit order, so these are the tests that would catch a wrapper
+that skips a late-committing transaction or ships one twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from warehouse.expr import Cmp, Col, Like, to_wire
+from warehouse.zset import ZSet
+from wrappers.process import WrapperProcess, start_wrapper
+from tests.capture_support import (  # noqa: F401 (fixtures)
+    R_DDL,
+    contents,
+    expected_answer,
+    fetch,
+    maria_url,
+    pg_url,
+    random_transaction,
+    replay,
+    run_sql,
+)
+from tests.fake_manager import FakeManager
+
+pytestmark = pytest.mark.servers
+
+SOURCE = "src"
+TOKEN = "wrapper-secret"
+INITIAL = [(i, i % 6, random.Random(i).choice(["xa", "Xb", "y", None])) for i in range(1, 41)]
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def url(request: pytest.FixtureRequest) -> str:
+    url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "maria_url")
+    run_sql(url, R_DDL)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO r VALUES (:id, :b, :v)"), [{"id": i, "b": b, "v": v} for i, b, v in INITIAL])
+    engine.dispose()
+    return url
+
+
+def start(url: str, manager: FakeManager, tmp_path: Path, **options: object) -> WrapperProcess:
+    return start_wrapper(
+        SOURCE, url, ["r"], manager.url, token=TOKEN, state_dir=tmp_path / "state",
+        log_path=tmp_path / "wrapper.log", **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def subquery(keys: list[list], where: object | None, select: list[str]) -> dict:
+    on = Cmp("=", Col("$key", "k0"), Col("r", "b"))
+    return {"relation": "r", "alias": "r", "keys": keys, "on": to_wire(on),
+            "where": to_wire(where) if where is not None else None, "select": select}  # fmt: skip
+
+
+def flush(wrapper_url: str) -> int:
+    """A subquery without keys: ships everything committed so far; its watermark."""
+    response = httpx.post(f"{wrapper_url}/v1/subquery", json={"relation": "r", "alias": "r", "keys": [], "select": []}, timeout=60)
+    response.raise_for_status()
+    return response.json()["watermark"]
+
+
+def writers(url: str, n: int, stop: threading.Event, committed: list[bool], base: int) -> list[threading.Thread]:
+    """``n`` threads, each on its own connection, committing random transactions until ``stop``."""
+
+    def write(i: int) -> None:
+        rng = random.Random(base + i)
+        fresh = itertools.count(base + 100_000 * (i + 1))
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            while not stop.is_set():
+                committed.append(random_transaction(conn, rng, fresh, range(1, 60)))
+                time.sleep(rng.random() * 0.003)
+        engine.dispose()
+
+    return [threading.Thread(target=write, args=(i,)) for i in range(n)]
+
+
+def test_handshake_under_concurrent_writers(url: str, tmp_path: Path) -> None:
+    """Every answer equals the Python join over the initial rows plus exactly updates
+    1..watermark, while three connections commit and roll back multi-row transactions."""
+    stop = threading.Event()
+    committed: list[bool] = []
+    answers: list[tuple[list, object, dict]] = []
+
+    def query(seed: int, wrapper_url: str) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=wrapper_url, timeout=60) as client:
+            while not stop.is_set():
+                keys = [[k] for k in rng.sample(range(6), rng.randint(1, 4))]
+                where = rng.choice([None, Like(Col("r", "v"), "x%"), Like(Col("r", "v"), "x\\%")])
+                response = client.post("/v1/subquery", json=subquery(keys, where, ["id", "v"]))
+                response.raise_for_status()
+                answers.append((keys, where, response.json()))
+
+    with FakeManager(token=TOKEN) as manager:
+        with start(url, manager, tmp_path, poll_interval=0.02, query_delay_ms=5, max_concurrent_queries=2) as wrapper:
+            threads = writers(url, 3, stop, committed, base=1)
+            threads += [threading.Thread(target=query, args=(s, wrapper.url)) for s in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(3.0)
+            stop.set()
+            for t in threads:
+                t.join()
+            last = flush(wrapper.url)
+
+        updates = manager.updates(SOURCE)
+        assert not manager.conflicts
+    assert [u.seq for u in updates] == list(range(1, last + 1))
+    initial = ZSet.from_rows(INITIAL)
+    assert replay(initial, updates) == contents(url)  # rolled-back work never shipped
+    watermarks = {a["watermark"] for _, _, a in answers}
+    assert sum(committed) > 50 and len(answers) > 30 and len(watermarks) > 5, (sum(committed), len(answers), len(watermarks))
+    states = {0: initial}
+    for w in range(1, last + 1):
+        states[w] = replay(states[w - 1], [updates[w - 1]])
+    for keys, where, answer in answers:
+        got = {tuple(row[:-1]): row[-1] for row in answer["rows"]}
+        assert got == expected_answer(keys, where, states[answer["watermark"]], ["id", "v"]), answer["watermark"]
+    if url.startswith("postgresql"):
+        assert any(u.txid for u in updates)  # single-transaction updates name their transaction
+
+
+def test_crash_and_manager_outage_lose_nothing(url: str, tmp_path: Path) -> None:
+    """Changes committed while the manager is down and the wrapper is killed are shipped
+    once, in order, after both come back; the outbox empties once they are acknowledged."""
+    engine = sa.create_engine(url)
+    rng = random.Random(3)
+    fresh = itertools.count(500_000)
+
+    def commit(n: int) -> None:
+        with engine.connect() as conn:
+            done = 0
+            while done < n:
+                done += random_transaction(conn, rng, fresh, range(1, 60))
+
+    with FakeManager(token=TOKEN) as manager:
+        wrapper = start(url, manager, tmp_path)
+        try:
+            commit(10)
+            assert flush(wrapper.url) > 0
+            manager.down = True
+            commit(10)
+            deadline = time.monotonic() + 20
+            while httpx.get(f"{wrapper.url}/v1/health").json()["pending"] == 0:
+                assert time.monotonic() < deadline, "nothing captured while the manager is down"
+                time.sleep(0.05)
+        finally:
+            wrapper.kill()
+        commit(10)  # while no wrapper runs
+        manager.down = False
+        with start(url, manager, tmp_path) as wrapper:
+            last = flush(wrapper.url)
+            deadline = time.monotonic() + 20
+            while fetch(url, "SELECT count(*) FROM _pvm_outbox")[0][0] > 0:
+                assert time.monotonic() < deadline, "acknowledged rows stay in the outbox"
+                time.sleep(0.05)
+        updates = manager.updates(SOURCE)
+        assert not manager.conflicts  # a resent seq always carried the same changes
+    engine.dispose()
+    assert [u.seq for u in updates] == list(range(1, last + 1))
+    assert replay(ZSet.from_rows(INITIAL), updates) == contents(url)
