@@ -268,7 +268,28 @@ def _spark(manager: Manager):
     return spark
 
 
-@router.post("/v1/query", response_model=QueryOut)
+@router.post(
+    "/v1/query",
+    response_model=QueryOut,
+    summary="Run a read-only SQL query over the views",
+    description="One SELECT (set operations and WITH allowed) whose every table is a registered view, "
+    "evaluated in Spark SQL over the views as of their watermarks. Anything else (DDL, DML, file paths, "
+    "other tables, functions outside the allow-list) is refused with 400 naming what is wrong. "
+    "501 with the in-process store. Needs an analyst or admin token.",
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "example": {"columns": ["region", "orders"], "rows": [["north", 212], ["west", 198]], "truncated": False}
+                }
+            }
+        },
+        400: {"content": {"application/json": {"example": {"detail": "table 'pvm_zlog_order_details' is not a view"}}}},
+        401: {"content": {"application/json": {"example": {"detail": "missing bearer token"}}}},
+        403: {"content": {"application/json": {"example": {"detail": "this needs the analyst or admin role"}}}},
+        501: {"content": {"application/json": {"example": {"detail": "queries need the Spark view store"}}}},
+    },
+)
 async def query(body: QueryIn, request: Request) -> QueryOut:
     """One read-only SELECT over the views (as of their watermarks), in Spark SQL."""
     manager = _manager(request)
@@ -291,7 +312,37 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
     return QueryOut(columns=columns, rows=rows, truncated=truncated)
 
 
-@router.post("/v1/views/{name}/verify")
+@router.post(
+    "/v1/views/{name}/verify",
+    summary="Verify a view against its sources",
+    description="Snapshots of the sources shipped by the wrappers, moved back to the view's cut at its "
+    "watermark with the logged updates, recomputed in Spark SQL and compared with the view as of W. "
+    "`equal` says whether they match; `missing`/`extra` list differing rows. Needs an analyst or admin token.",
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "example": {
+                        "view": "order_details",
+                        "columns": ["order_id", "customer", "qty"],
+                        "watermark": 200,
+                        "equal": True,
+                        "engine": "spark",
+                        "expected_rows": 817,
+                        "stored_rows": 817,
+                        "missing_total": 0,
+                        "extra_total": 0,
+                        "missing": [],
+                        "extra": [],
+                        "sources": [],
+                    }
+                }
+            }
+        },
+        404: {"content": {"application/json": {"example": {"detail": "unknown view 'nope'"}}}},
+        409: {"content": {"application/json": {"example": {"detail": "view 'v' is still initializing"}}}},
+    },
+)
 async def verify(name: str, request: Request, body: VerifyIn | None = None) -> dict[str, Any]:
     """Recompute the view from its sources and compare it with the view as of its watermark;
     ``equal`` says whether they match, ``missing``/``extra`` list differing rows."""
