@@ -59,15 +59,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 # -- the sources ---------------------------------------------------------------------------------
-def create_sources(data_dir: Path, rng: random.Random) -> dict[str, Path]:
+def empty_sources(data_dir: Path, prefix: str = "") -> dict[str, Path]:
+    """Fresh SQLite databases for the shop, CRM and inventory sources (WAL: readers and the
+    writers do not block each other)."""
     paths = {}
     for source, (table, ddl) in SCHEMAS.items():
-        path = data_dir / f"{source}.db"
+        path = data_dir / f"{prefix}{source}.db"
         path.unlink(missing_ok=True)
         with sqlite3.connect(path) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(ddl)
         paths[source] = path
+    return paths
+
+
+def create_sources(data_dir: Path, rng: random.Random) -> dict[str, Path]:
+    paths = empty_sources(data_dir)
     with sqlite3.connect(paths["crm"]) as db:
         db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(i, f"customer-{i}", rng.choice(REGIONS)) for i in range(1, 201)])
     with sqlite3.connect(paths["inventory"]) as db:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from wrappers import cli
+from pvm.cli import main as pvm_main
 from wrappers.process import WrapperProcess, start_wrapper
 from tests.capture_support import pg_url, run_sql  # noqa: F401 (fixture)
 from tests.fake_manager import FakeManager
@@ -94,16 +94,16 @@ def test_tdi_ships_flagged_rows_as_deletes(db: Path, tmp_path: Path) -> None:
 def test_clear_errors(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{db}"
     execute(db, "CREATE TABLE nokey (a INTEGER, modified INTEGER)")
-    base = ["install", "--url", url, "--capture", "timestamp"]
-    assert cli.main([*base, "--tables", "nokey", "--timestamp-column", "modified"]) == 2
+    base = ["wrapper", "install", "--url", url, "--capture", "timestamp"]
+    assert pvm_main([*base, "--tables", "nokey", "--timestamp-column", "modified"]) == 2
     assert "'nokey' has no primary key, which this capture method needs" in capsys.readouterr().err
-    assert cli.main([*base, "--tables", "items", "--timestamp-column", "changed"]) == 2
+    assert pvm_main([*base, "--tables", "items", "--timestamp-column", "changed"]) == 2
     assert "'items' has no column 'changed' for timestamp capture" in capsys.readouterr().err
-    assert cli.main([*base, "--tables", "items"]) == 2
+    assert pvm_main([*base, "--tables", "items"]) == 2
     assert "timestamp column is needed" in capsys.readouterr().err
-    assert cli.main([*base, "--tables", "items", "--timestamp-column", "modified"]) == 0
+    assert pvm_main([*base, "--tables", "items", "--timestamp-column", "modified"]) == 0
     assert "installs nothing" in capsys.readouterr().out
-    assert cli.main(["install", "--url", url, "--tables", "items", "--timestamp-column", "modified"]) == 2
+    assert pvm_main(["wrapper", "install", "--url", url, "--tables", "items", "--timestamp-column", "modified"]) == 2
     assert "only by, timestamp capture" in capsys.readouterr().err
 
 

@@ -22,7 +22,7 @@ from warehouse.expr import Cmp, Col, Expr, Like, Lit, compile_filter, to_wire
 from warehouse.join import extend, local_join
 from warehouse.plan import SweepStep
 from warehouse.zset import ZSet
-from wrappers import cli
+from pvm.cli import main as pvm_main
 from wrappers.errors import WrapperError
 from wrappers.process import WrapperProcess, start_wrapper
 from tests.fake_manager import FakeManager
@@ -309,12 +309,12 @@ def test_watermark_handshake_under_concurrent_writes(db: Path, manager: FakeMana
 
 def test_command_line_errors_and_install(db: Path, manager: FakeManager, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{db}"
-    assert cli.main(["install", "--url", url, "--tables", "r,nope"]) == 2
+    assert pvm_main(["wrapper", "install", "--url", url, "--tables", "r,nope"]) == 2
     assert "no such table in" in capsys.readouterr().err
-    assert cli.main(["install", "--url", "oracle://h/db", "--tables", "r"]) == 2
+    assert pvm_main(["wrapper", "install", "--url", "oracle://h/db", "--tables", "r"]) == 2
     assert "not implemented for oracle" in capsys.readouterr().err
-    assert cli.main(["install", "--url", url, "--tables", "r,s"]) == 0
-    assert cli.main(["uninstall", "--url", url, "--tables", "r,s"]) == 0
+    assert pvm_main(["wrapper", "install", "--url", url, "--tables", "r,s"]) == 0
+    assert pvm_main(["wrapper", "uninstall", "--url", url, "--tables", "r,s"]) == 0
     assert outbox_table_count(db) == 0
     with pytest.raises(WrapperError, match="exit status 2.*no such table in .*: nope"):
         start_wrapper(SOURCE, url, ["nope"], manager.url, state_dir=db.parent / "state", log_path=db.parent / "bad.log")

@@ -2,15 +2,13 @@
 
 ``run`` prints exactly one line on stdout once it accepts requests,
 ``wrapper NAME listening on http://HOST:PORT``, so a parent process can read the address
-(logs go to stderr). ``python -m wrappers.cli …`` runs the same commands without loading the
-other ``pvm`` subcommands.
+(logs go to stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from pvm.cli import CliError
@@ -237,21 +235,3 @@ def _serve(args: argparse.Namespace) -> int:
         create_app(wrapper, manager_token=args.manager_token, application_token=args.application_token)
     )
     return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m wrappers.cli``: the ``pvm wrapper`` commands on their own."""
-    parser = argparse.ArgumentParser(prog="pvm wrapper", description="run, install or uninstall a source wrapper")
-    configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except CliError as exc:
-        print(f"pvm: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

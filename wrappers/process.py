@@ -82,14 +82,14 @@ def start_wrapper(
     log_path: Path | None = None,
     startup_timeout: float = 30.0,
 ) -> WrapperProcess:
-    """Spawn ``python -m wrappers.cli run …`` and return once it listens.
+    """Spawn ``python -m pvm wrapper run …`` and return once it listens.
 
     The tokens (``token`` for posting updates, ``manager_token`` that the manager must send)
     travel in the environment, not on the command line (which other users can read). Logs go to ``log_path`` if given, else to this process's stderr. Raises
     WrapperError if the child exits or does not announce itself within ``startup_timeout``.
     """
     command = [
-        sys.executable, "-m", "wrappers.cli", "run",
+        sys.executable, "-m", "pvm", "wrapper", "run",
         "--source", source,
         "--url", url,
         "--tables", ",".join(tables),

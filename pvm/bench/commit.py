@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pvm.cli import CliError
+from pvm.demo import SCHEMAS, empty_sources
 
 VIEW = "fresh_orders"
 VIEW_SQL = (
@@ -43,11 +44,6 @@ VIEW_SQL = (
     "FROM crm.customers c, shop.orders o, inventory.products p "  # a chain: every SWEEP step joins
     "WHERE o.customer_id = c.id AND o.product_id = p.id"
 )
-SCHEMAS = {
-    "shop": ("orders", "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, qty INTEGER)"),
-    "crm": ("customers", "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, region TEXT)"),
-    "inventory": ("products", "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, price REAL)"),
-}
 GOALS = {"grouped_rows_per_s": 50_000, "speedup": 20.0, "freshness_p99_s": 2.0}
 
 
@@ -237,14 +233,7 @@ class Freshness:
     # -- the sources and the writer ----------------------------------------------------------------
     def _create_sources(self) -> dict[str, Path]:
         n, rng = self.args.rows, self.rng
-        paths = {}
-        for source, (table, ddl) in SCHEMAS.items():
-            path = self.data_dir / f"fresh-{source}.db"
-            path.unlink(missing_ok=True)
-            with sqlite3.connect(path) as db:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute(ddl)
-            paths[source] = path
+        paths = empty_sources(self.data_dir, prefix="fresh-")
         with sqlite3.connect(paths["crm"]) as db:
             db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(i, f"c{i}", rng.choice("NSEW")) for i in range(1, n + 1)])
         with sqlite3.connect(paths["inventory"]) as db:

@@ -103,3 +103,13 @@ def in_transaction_order(rows: list[OutboxRow]) -> list[OutboxRow]:
 
 def chunked(ids: Sequence[int], size: int = 1000) -> list[Sequence[int]]:
     return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+_OUTBOX_IDS = sa.table(OUTBOX, sa.column("id"))
+
+
+def delete_outbox_ids(engine: sa.Engine, ids: Sequence[int]) -> None:
+    """Delete exactly the outbox rows ``ids`` (servers whose outbox ids are not commit order)."""
+    with engine.begin() as conn:
+        for part in chunked(ids):
+            conn.execute(_OUTBOX_IDS.delete().where(_OUTBOX_IDS.c.id.in_(part)))

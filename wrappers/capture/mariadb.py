@@ -32,7 +32,7 @@ from wrappers.capture.base import OUTBOX, OutboxRow
 from wrappers.capture.common import (
     RESERVED_PREFIX,
     check_tables,
-    chunked,
+    delete_outbox_ids,  # noqa: F401  (this dialect's part of the capture interface)
     open_server_engine,
     reason,
     shown,
@@ -171,7 +171,6 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 
 # -- the outbox --------------------------------------------------------------------------
-_OUTBOX = sa.table(OUTBOX, sa.column("id"))
 
 
 def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
@@ -184,13 +183,6 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
         OutboxRow(id, relation, op, json.loads(old) if old is not None else None, json.loads(new) if new is not None else None)
         for id, relation, op, old, new in result
     ]
-
-
-def delete_outbox_ids(engine: sa.Engine, ids: Sequence[int]) -> None:
-    """Delete exactly the outbox rows ``ids``."""
-    with engine.begin() as conn:
-        for part in chunked(ids):
-            conn.execute(_OUTBOX.delete().where(_OUTBOX.c.id.in_(part)))
 
 
 def outbox_high_water(engine: sa.Engine) -> int:

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from wrappers.capture.base import OUTBOX, OutboxRow
 from wrappers.capture.common import (
     check_tables,
-    chunked,
+    delete_outbox_ids,  # noqa: F401  (this dialect's part of the capture interface)
     in_transaction_order,
     open_server_engine,
     reason,
@@ -173,7 +173,6 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 
 # -- the outbox --------------------------------------------------------------------------
-_OUTBOX = sa.table(OUTBOX, sa.column("id"))
 
 
 def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
@@ -184,13 +183,6 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     return in_transaction_order(
         [OutboxRow(id, relation, op, old, new, txid) for id, txid, relation, op, old, new in result]
     )
-
-
-def delete_outbox_ids(engine: sa.Engine, ids: Sequence[int]) -> None:
-    """Delete exactly the outbox rows ``ids``."""
-    with engine.begin() as conn:
-        for part in chunked(ids):
-            conn.execute(_OUTBOX.delete().where(_OUTBOX.c.id.in_(part)))
 
 
 def outbox_high_water(engine: sa.Engine) -> int:
