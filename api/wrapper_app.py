@@ -21,7 +21,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from typing import Any
+
+from pydantic import BaseModel, Field
 
 from api import application_changes
 from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
@@ -36,6 +38,11 @@ class Health(BaseModel):
     shipped_through: int
     acked_through: int
     pending: int
+    capture: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the capture method, and for snapshot capture: snapshots applied, when the last was, "
+        "the changes it found per table, the algorithm per table, and the last error (None if the last try worked)",
+    )
 
 
 class ColumnInfo(BaseModel):

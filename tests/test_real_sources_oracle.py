@@ -1,16 +1,20 @@
 """The maintenance oracle over a view joining a PostgreSQL, a MariaDB and a SQLite source,
-each captured by triggers in its own wrapper process, while two connections per source
-commit and roll back multi-row transactions with key changes; one wrapper crashes and
-restarts, and so does the manager. The view as of every watermark must equal recomputation
-over the source states the shipped updates describe, and at the end the live databases.
+each in its own wrapper process, while two connections per source commit and roll back
+multi-row transactions with key changes; one wrapper crashes and restarts, and so does the
+manager. PostgreSQL and MariaDB are captured by triggers; SQLite by triggers too, or by
+differencing snapshots of it taken every 0.3 s. The view as of every watermark must equal
+recomputation over the source states the shipped updates describe, and at the end the
+live databases.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pvm.local import LocalDeployment
@@ -22,8 +26,15 @@ from tests.capture_support import maria_url, pg_url  # noqa: F401 (fixtures)
 pytestmark = pytest.mark.servers
 
 
-async def test_view_over_three_databases_matches_recomputation(pg_url: str, maria_url: str, tmp_path: Path) -> None:
+SNAPSHOT_ARGS = ["--capture", "snapshot", "--snapshot-interval", "0.3"]
+
+
+@pytest.mark.parametrize("lite_capture", ["trigger", "snapshot"])
+async def test_view_over_three_databases_matches_recomputation(
+    pg_url: str, maria_url: str, tmp_path: Path, lite_capture: str
+) -> None:
     urls = {"pg": pg_url, "my": maria_url, "lite": sqlite_file(tmp_path / "lite.db")}
+    crashing = "lite" if lite_capture == "snapshot" else "pg"
     create(urls, random.Random(1))
     initial = read_live(urls)
     store = MemoryStore()
@@ -31,12 +42,16 @@ async def test_view_over_three_databases_matches_recomputation(pg_url: str, mari
     try:
         wrappers = WrapperSet(deployment)
         for source, url in urls.items():
-            await wrappers.add(source, url, [TABLES[source][0]], query_delay_ms=5, max_concurrent_queries=2)
+            capture = lite_capture if source == "lite" else "trigger"
+            await wrappers.add(
+                source, url, [TABLES[source][0]], capture, query_delay_ms=5, max_concurrent_queries=2,
+                capture_args=SNAPSHOT_ARGS if capture == "snapshot" else (),
+            )  # fmt: skip
         await deployment.manager.define_view(VIEW, "v", parallelism=4)
         writers = Writers(urls, transactions=180, connections=2, pause=0.25)
         threads = writers.start()
         await asyncio.sleep(1.0)
-        await wrappers.restart("pg")  # a crash: SIGKILL, then the same state and port
+        await wrappers.restart(crashing)  # a crash: SIGKILL, then the same state and port
         await asyncio.sleep(1.0)
         compensations = deployment.manager.view("v").maintainer.counters.compensations
         running = dict(deployment.wrappers)
@@ -48,11 +63,14 @@ async def test_view_over_three_databases_matches_recomputation(pg_url: str, mari
         deployment.wrappers.update(running)
         await until(lambda: not any(t.is_alive() for t in threads), 120, "the writers")
         assert not writers.errors, writers.errors
+        if lite_capture == "snapshot":  # a snapshot taken after the last write
+            await snapshot_after(deployment.wrappers["lite"].url, time.time())
         await deployment.wait_shipped(timeout=60)
         manager = deployment.manager
         await manager.wait_idle("v", timeout=120)
         assert manager.view("v").maintainer.failed is None
         assert sum(writers.committed) >= 180
+        assert min(manager.receiver.released_through(s) for s in urls) > 5  # every source shipped many updates
         checked = await check_oracle(manager, "v", initial)
         assert checked == manager.watermark("v") > 30
         assert compensations + manager.view("v").maintainer.counters.compensations > 0  # concurrency happened
@@ -62,3 +80,14 @@ async def test_view_over_three_databases_matches_recomputation(pg_url: str, mari
         })
     finally:
         await deployment.__aexit__(None, None, None)
+
+
+async def snapshot_after(wrapper_url: str, moment: float) -> None:
+    async with httpx.AsyncClient(timeout=10) as http:
+        for _ in range(200):
+            capture = (await http.get(f"{wrapper_url}/v1/health")).json()["capture"]
+            assert capture["last_error"] is None, capture
+            if capture["last_snapshot_at"] > moment:
+                return
+            await asyncio.sleep(0.05)
+    raise TimeoutError("no snapshot was taken after the writers stopped")

@@ -126,7 +126,8 @@ def test_changes_ship_in_order_with_signs_and_leave_the_outbox(db: Path, manager
         wait_for(lambda: outbox_size(db) == 0)  # deleted only once acknowledged
         health = httpx.get(f"{wrapper.url}/v1/health").json()
         assert health == {
-            "ok": True, "source": SOURCE, "last_seq": 3, "shipped_through": 3, "acked_through": 3, "pending": 0
+            "ok": True, "source": SOURCE, "last_seq": 3, "shipped_through": 3, "acked_through": 3, "pending": 0,
+            "capture": {"method": "trigger"},
         }  # fmt: skip
         schema = httpx.get(f"{wrapper.url}/v1/schema").json()
         assert schema["tables"]["r"] == {

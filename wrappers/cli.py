@@ -30,8 +30,18 @@ CAPTURE_HELP = """capture methods (--capture):
   application  the application posts its committed transactions to POST /v1/changes;
                the source URL is read once for the schema and the initial copy into the
                replica. Needs a primary key; sees what the application reports.
-timestamp and application capture answer subqueries from the replica, which holds exactly
-the shipped updates (see docs/capture.md)."""
+  snapshot     every --snapshot-interval seconds, takes a snapshot of the tables (a SELECT
+               of --url in one transaction, or the <table>.csv / <table>.parquet files in
+               --dump-dir when they changed), differences it against the previous one and
+               ships the inserts, deletes and updates; installs nothing. Needs a key per
+               table (the primary key, or --key TABLE=COL[,COL]; dumps always need --key).
+               Limits: changes that come and go between two snapshots are never seen, and
+               the views trail the source by up to one interval. --diff-algorithm auto uses
+               the window algorithm while records stay near their previous positions,
+               else the partitioned hash with --checksum-bits checksums (a changed record
+               is missed with probability 2**-bits).
+timestamp, application and snapshot capture answer subqueries from the replica, which holds
+exactly the shipped updates (see docs/capture.md)."""
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
 
 
@@ -56,12 +66,18 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _table_option(text: str) -> tuple[str, str]:
+    table, sep, value = text.partition("=")
+    if not sep or not table.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected TABLE=VALUE, got {text!r}")
+    return table.strip(), value.strip()
+
+
 def _source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        required=True,
         help="SQLAlchemy URL of the source database, e.g. sqlite:///shop.db, "
-        "postgresql://user@host/db, mysql://user@host/db",
+        "postgresql://user@host/db, mysql://user@host/db (every method but snapshot capture of --dump-dir)",
     )
     parser.add_argument(
         "--tables", required=True, help="comma-separated tables whose changes are captured, e.g. orders,customers"
@@ -69,7 +85,7 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capture",
         default="trigger",
-        choices=["trigger", "timestamp", "application"],
+        choices=["trigger", "timestamp", "application", "snapshot"],
         help="how changes are captured (default: trigger; see below)",
     )
     parser.add_argument("--timestamp-column", help="timestamp capture: the last-modified column of every table")
@@ -80,6 +96,24 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="timestamp capture: longest time between stamping a row and committing it (default: 5)",
     )
+    snapshot = parser.add_argument_group("snapshot capture")
+    snapshot.add_argument("--dump-dir", type=Path, help="read <table>.csv or <table>.parquet dumps from this directory instead of --url")
+    snapshot.add_argument(
+        "--key", type=_table_option, action="append", default=[], metavar="TABLE=COL[,COL]",
+        help="key columns of a table (default: its primary key); repeat for each table",
+    )  # fmt: skip
+    snapshot.add_argument(
+        "--dump-types", type=_table_option, action="append", default=[], metavar="TABLE=COL:TYPE[,COL:TYPE]",
+        help="CSV dumps: column types (integer, float, boolean, date, text; default text)",
+    )  # fmt: skip
+    snapshot.add_argument("--snapshot-interval", type=_positive_float, help="seconds between two snapshots (default: 60)")
+    snapshot.add_argument(
+        "--diff-algorithm", choices=["auto", "window", "partitioned-hash", "sort-merge"],
+        help="the differential algorithm (default: auto)",
+    )  # fmt: skip
+    snapshot.add_argument("--diff-memory-mb", type=_positive_int, help="memory of a differential, beyond which it spills to disk (default: 256)")
+    snapshot.add_argument("--aging-records", type=_positive_int, help="window algorithm: records each aging buffer holds (default: 65536)")
+    snapshot.add_argument("--checksum-bits", type=_positive_int, help="partitioned hash: bits of each record's checksum (default: 64)")
     parser.epilog = CAPTURE_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
@@ -160,10 +194,39 @@ def _tables(text: str) -> tuple[str, ...]:
     return tables
 
 
+_SNAPSHOT_FLAGS = {
+    "dump_dir": "dump_dir", "snapshot_interval": "interval", "diff_algorithm": "algorithm",
+    "diff_memory_mb": "memory_mb", "aging_records": "aging_records", "checksum_bits": "checksum_bits",
+}  # fmt: skip
+
+
 def _capture_config(args: argparse.Namespace):
     from wrappers.capture import CaptureConfig
+    from wrappers.capture.snapshots import SnapshotOptions
 
-    return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds)
+    given = {option: getattr(args, flag) for flag, option in _SNAPSHOT_FLAGS.items() if getattr(args, flag) is not None}
+    snapshot = None
+    if args.capture == "snapshot":
+        keys = {table: tuple(c.strip() for c in cols.split(",") if c.strip()) for table, cols in args.key}
+        types = {table: _column_types(table, spec) for table, spec in args.dump_types}
+        snapshot = SnapshotOptions(keys=keys, dump_types=types, **given)
+        if (snapshot.dump_dir is None) == (args.url is None):
+            raise CliError("snapshot capture reads either --url or --dump-dir: give exactly one")
+    elif given or args.key or args.dump_types:
+        raise CliError("--dump-dir, --key, --dump-types and the snapshot and differential options need --capture snapshot")
+    elif args.url is None:
+        raise CliError(f"{args.capture} capture needs --url")
+    return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds, snapshot)
+
+
+def _column_types(table: str, spec: str) -> dict[str, str]:
+    out = {}
+    for item in spec.split(","):
+        column, sep, type_name = item.partition(":")
+        if not sep or not column.strip() or not type_name.strip():
+            raise CliError(f"--dump-types {table}=...: expected COLUMN:TYPE items, got {item!r}")
+        out[column.strip()] = type_name.strip().lower()
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,7 +66,7 @@ class WrapperProcess:
 
 def start_wrapper(
     source: str,
-    url: str,
+    url: str | None,
     tables: Sequence[str],
     manager_url: str,
     *,
@@ -91,7 +91,7 @@ def start_wrapper(
     command = [
         sys.executable, "-m", "pvm", "wrapper", "run",
         "--source", source,
-        "--url", url,
+        *(["--url", url] if url is not None else []),  # None: snapshot capture of --dump-dir
         "--tables", ",".join(tables),
         "--manager", manager_url,
         "--host", host,

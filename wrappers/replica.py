@@ -17,8 +17,10 @@ feeder never needs to know old values (Carnes's TS/TDI keep "the copy" for this 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +32,8 @@ from wrappers.schema import SourceSchema, TableSchema
 
 META = "_pvm_replica_meta"
 """Key-value table of the replica; its name is reserved, so it is never captured."""
+
+_LOAD_BATCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,19 @@ class Replica:
                 sa.text(f"INSERT OR IGNORE INTO {META} VALUES ('relations', :value)"), {"value": json.dumps(wanted)}
             )
 
+    @staticmethod
+    def stored_meta(path: Path) -> dict[str, str]:
+        """The metadata of the replica at ``path`` without opening it as one (empty if none)."""
+        if not path.exists():
+            return {}
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return dict(conn.execute(f"SELECT key, value FROM {META}").fetchall())
+        except sqlite3.OperationalError:  # no metadata table yet
+            return {}
+        finally:
+            conn.close()
+
     # -- reads -------------------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
@@ -117,9 +134,12 @@ class Replica:
             raise WrapperError(f"the replica {self.path} is already loaded")
         with self.engine.begin() as conn:
             for relation, relation_rows in rows.items():
-                batch = [dict(r) for r in relation_rows]
-                if batch:
-                    conn.execute(self._tables[relation].insert(), batch)
+                it = iter(relation_rows)
+                while batch := [dict(r) for r in islice(it, _LOAD_BATCH)]:
+                    try:
+                        conn.execute(self._tables[relation].insert(), batch)
+                    except sa.exc.IntegrityError as exc:
+                        raise InvalidRequest(f"{relation!r}: two rows with the same key, or a NULL key ({exc.orig})") from None
             self._set_meta(conn, {**meta, "loaded": "1"})
 
     def apply(self, changes: Sequence[RowChange], meta: Mapping[str, str] = {}) -> None:

@@ -150,7 +150,9 @@ class WrapperSet:
         self.deployment = deployment
         self._started: dict[str, dict[str, Any]] = {}
 
-    async def add(self, name: str, url: str, tables: list[str], **wrapper_options: Any) -> Any:
+    async def add(self, name: str, url: str, tables: list[str], capture: str = "trigger", **wrapper_options: Any) -> Any:
+        """Start and register a wrapper; ``capture`` names its method (its ``capture_args``
+        among ``wrapper_options`` say how)."""
         from api.auth import issue
 
         token = (await issue(self.deployment.manager, "wrapper", source=name, name=f"wrapper of {name}"))[1]
@@ -161,7 +163,7 @@ class WrapperSet:
             log_path=self.deployment.data_dir / f"wrapper-{name}.log", **wrapper_options,
         )  # fmt: skip
         wrapper = await self._start(name, port=0)
-        await self.deployment.manager.add_source(name, wrapper.url, "trigger", tables, manager_token=manager_token)
+        await self.deployment.manager.add_source(name, wrapper.url, capture, tables, manager_token=manager_token)
         return wrapper
 
     async def restart(self, name: str) -> Any:

@@ -12,8 +12,8 @@ for a manager that is not taking updates (one that is still starting, say).
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
 delete committed still shows those rows, and must still find their ids remembered.
-Timestamp and application capture feed a replica, which the wrapper then reads as it reads
-any trigger-captured SQLite source (``wrappers.capture``).
+Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
+it reads any trigger-captured SQLite source (``wrappers.capture``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class WrapperConfig:
     """Everything a wrapper needs to run; see ``pvm wrapper run --help``."""
 
     source: str
-    url: str
+    url: str | None  # None for snapshot capture of dump files
     tables: tuple[str, ...]
     manager_url: str
     token: str | None = None
@@ -122,8 +122,8 @@ class Wrapper:
     # -- SendUpdates -------------------------------------------------------------------------
     async def poll_once(self) -> None:
         """Capture what committed since the last poll, ship everything pending, then delete
-        acknowledged changes from the outbox; with timestamp capture, finally poll the
-        source into the replica (a source that is down then delays nothing else)."""
+        acknowledged changes from the outbox; with timestamp or snapshot capture, finally
+        poll the source into the replica (a source that is down then delays nothing else)."""
         async with self._lock:
             async with self._capture_lock:
                 await asyncio.to_thread(self._capture_now)
@@ -258,6 +258,7 @@ class Wrapper:
             "shipped_through": self._shipped_through,
             "acked_through": self.state.acked_through,
             "pending": self.state.pending_count(),
+            "capture": {"method": self.config.capture.method, **(self.capture.status() if self.capture.status else {})},
         }
 
 

@@ -6,6 +6,8 @@ capture methods a wrapper can run (``CaptureConfig.method``):
   replica; subqueries run on the replica (``timestamp`` module docstring says why).
 * ``application``: the application posts its own changes, applied to a replica; subqueries
   run on the replica, since such a source cannot tie its changes to a query snapshot.
+* ``snapshot``: differences successive snapshots (a live ``SELECT``, or dump files) into a
+  replica (``differencing`` module); subqueries run on the replica.
 
 Either way the wrapper reads one database through a trigger-capture dialect: the source, or
 the replica (a SQLite file captured by SQLite triggers). ``open_capture`` sets that up.
@@ -16,18 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from wrappers.capture.base import CaptureDialect
+from wrappers.differential import SnapshotError
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema, TableSchema
+
+from wrappers.capture.snapshots import SnapshotOptions
 
 if TYPE_CHECKING:
     from wrappers.replica import Replica
 
-METHODS = ("trigger", "timestamp", "application")
+METHODS = ("trigger", "timestamp", "application", "snapshot")
 
 
 def dialect_for(url: str) -> CaptureDialect:
@@ -59,6 +64,7 @@ class CaptureConfig:
     timestamp_column: str | None = None
     delete_flag_column: str | None = None
     settle_seconds: float = 5.0
+    snapshot: SnapshotOptions | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -69,6 +75,15 @@ class CaptureConfig:
             raise WrapperError("a delete-flag column belongs to timestamp capture")
         if self.settle_seconds < 0:
             raise WrapperError("settle_seconds must not be negative")
+        if self.method == "snapshot" and self.snapshot is None:
+            object.__setattr__(self, "snapshot", SnapshotOptions())
+        if self.snapshot is not None and self.method != "snapshot":
+            raise WrapperError("snapshot options (a dump directory, keys, an interval, an algorithm) belong to snapshot capture")
+
+    @property
+    def dumps(self) -> bool:
+        """Whether the source is a directory of dump files rather than a database."""
+        return self.snapshot is not None and self.snapshot.dump_dir is not None
 
     @property
     def capture_columns(self) -> tuple[str, ...]:
@@ -87,6 +102,7 @@ class Capture:
     replica: Replica | None = None
     pull: Callable[[], None] | None = None
     source_engine: sa.Engine | None = None
+    status: Callable[[], dict[str, Any]] | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -94,25 +110,37 @@ class Capture:
             self.source_engine.dispose()
 
 
-def check_source(config: CaptureConfig, url: str, tables: Sequence[str]) -> SourceSchema:
+def check_source(config: CaptureConfig, url: str | None, tables: Sequence[str]) -> SourceSchema:
     """Connect to the source and check that ``config`` can capture ``tables`` there (for
     ``pvm wrapper install`` of the methods that install nothing); the relations' schema."""
-    dialect = dialect_for(url)
-    engine = dialect.open_engine(url)
+    if config.dumps:
+        return _dump_directory(config, tables, {}).schema
+    url = _need_url(url)
+    engine = dialect_for(url).open_engine(url)
     try:
+        if config.method == "snapshot":
+            from wrappers.capture.snapshots import database_schema
+
+            assert config.snapshot is not None
+            return database_schema(engine, tables, config.snapshot.keys)
         return _source_schema(engine, tables, config)
     finally:
         engine.dispose()
 
 
-def open_capture(config: CaptureConfig, url: str, tables: Sequence[str], replica_path: Path) -> Capture:
-    """Install (trigger) or set up the replica (timestamp, application) for ``tables``."""
+def open_capture(config: CaptureConfig, url: str | None, tables: Sequence[str], replica_path: Path) -> Capture:
+    """Install (trigger) or set up the replica (timestamp, application, snapshot) for ``tables``."""
+    if config.dumps:
+        return _snapshot_capture(config, None, None, tables, replica_path)
+    url = _need_url(url)
     dialect = dialect_for(url)
     engine = dialect.open_engine(url)
     try:
         if config.method == "trigger":
             dialect.install(engine, tables)
             return Capture(dialect, engine, SourceSchema.reflect(engine, tables))
+        if config.method == "snapshot":
+            return _snapshot_capture(config, dialect, engine, tables, replica_path)
         return _replica_capture(config, dialect, engine, tables, replica_path)
     except BaseException:
         engine.dispose()
@@ -146,6 +174,57 @@ def _replica_capture(
     if pull is None:
         engine.dispose()  # application capture reads the source once, for the initial copy
     return Capture(sqlite, replica.engine, schema, replica, pull, engine if pull is not None else None)
+
+
+def _need_url(url: str | None) -> str:
+    if not url:
+        raise WrapperError("a source database URL is needed (snapshot capture of dump files takes a dump directory instead)")
+    return url
+
+
+def _snapshot_directory(replica_path: Path) -> Path:
+    """Where snapshot capture keeps its snapshot files, next to the replica."""
+    return replica_path.with_name(replica_path.name.removesuffix(".replica.sqlite3") + ".snapshots")
+
+
+def _dump_directory(config: CaptureConfig, tables: Sequence[str], kept: dict[str, Path]):
+    from wrappers.capture.snapshots import DumpDirectory
+
+    options = config.snapshot
+    assert options is not None and options.dump_dir is not None
+    return DumpDirectory(options.dump_dir, tables, options.keys, options.dump_types, kept)
+
+
+def _snapshot_capture(
+    config: CaptureConfig, dialect: CaptureDialect | None, engine: sa.Engine | None, tables: Sequence[str], path: Path
+) -> Capture:
+    """A replica fed by differencing snapshots of a database (``engine``) or of dump files."""
+    from wrappers.capture import sqlite
+    from wrappers.capture.differencing import SnapshotCapture
+    from wrappers.capture.snapshots import DatabaseTables, database_schema
+    from wrappers.replica import Replica
+
+    options = config.snapshot
+    assert options is not None
+    directory = _snapshot_directory(path)
+    if engine is None:
+        source = _dump_directory(config, tables, SnapshotCapture.kept_files(Replica.stored_meta(path), directory))
+    else:
+        assert dialect is not None
+        source = DatabaseTables(dialect, engine, database_schema(engine, tables, options.keys))
+    replica = Replica(path, source.schema)
+    try:
+        feeder = SnapshotCapture(source, replica, options, directory)
+        if not replica.loaded:
+            try:
+                feeder.load()
+            except SnapshotError as exc:
+                raise WrapperError(f"cannot take the first snapshot: {exc}") from exc
+        sqlite.install(replica.engine, tables)
+    except BaseException:
+        replica.close()
+        raise
+    return Capture(sqlite, replica.engine, source.schema, replica, feeder.pull, engine, feeder.status)
 
 
 def _copy(dialect: CaptureDialect, engine: sa.Engine, schema: SourceSchema, replica: Replica) -> None:

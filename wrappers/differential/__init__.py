@@ -32,6 +32,7 @@ from wrappers.differential.records import (
     CsvSnapshot,
     MemorySnapshot,
     ParquetSnapshot,
+    RecordSnapshot,
     Schema,
     Snapshot,
     as_snapshot,
@@ -40,6 +41,7 @@ from wrappers.differential.records import (
     open_snapshot,
     write_csv,
     write_parquet,
+    write_records,
 )
 from wrappers.differential.second_pass import remove_useless_pairs, useless_pairs
 from wrappers.differential.sort_merge import SortedState, sort_merge_diff, sorted_state
@@ -64,6 +66,7 @@ __all__ = [
     "ParquetSnapshot",
     "RangeChecksumCopy",
     "RangeSum",
+    "RecordSnapshot",
     "Schema",
     "Snapshot",
     "SnapshotError",
@@ -90,4 +93,5 @@ __all__ = [
     "window_diff",
     "write_csv",
     "write_parquet",
+    "write_records",
 ]

@@ -11,7 +11,9 @@ Readers:
 * ``MemorySnapshot`` over a list of ``(key, rest)`` pairs (``from_rows`` builds one from
   whole rows and column names);
 * ``CsvSnapshot`` over a CSV dump with a header line;
-* ``ParquetSnapshot`` over a Parquet file (pyarrow is imported only when one is opened).
+* ``ParquetSnapshot`` over a Parquet file (pyarrow is imported only when one is opened);
+* ``RecordSnapshot`` over a ``spill.RecordFile`` of records (how a wrapper keeps a
+  snapshot it read from a database: Python values exactly, no text round trip).
 
 Each reader can ``scan`` its records, ``scan_with_pointers`` (a pointer is a byte offset
 in a CSV dump, a row number in a Parquet file, an index in memory) and ``fetch`` records by
@@ -41,7 +43,7 @@ from itertools import chain, islice
 from typing import Any
 
 from wrappers.differential.errors import SnapshotError
-from wrappers.differential.spill import IOStats
+from wrappers.differential.spill import IOStats, RecordFile, SpillError
 
 __all__ = [
     "CsvSnapshot",
@@ -49,6 +51,7 @@ __all__ = [
     "MemorySnapshot",
     "ParquetSnapshot",
     "Record",
+    "RecordSnapshot",
     "Rest",
     "Schema",
     "Snapshot",
@@ -63,6 +66,7 @@ __all__ = [
     "record_bytes",
     "write_csv",
     "write_parquet",
+    "write_records",
 ]
 
 Key = tuple[Any, ...]
@@ -352,6 +356,49 @@ class _IterSnapshot(Snapshot):
             raise SnapshotError(f"{self.name}: a one-shot record stream can be read only once")
         self._used = True
         return _validated(self._it, self.schema, self.name)
+
+
+class RecordSnapshot(Snapshot):
+    """Records kept in a sealed ``RecordFile`` (written with ``write_records``); no pointers.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "t.rec")
+    >>> write_records(p, [((1,), ("a",)), ((2,), ("b",))])
+    2
+    >>> list(RecordSnapshot(p, Schema(("id", "v"), ("id",))))
+    [((1,), ('a',)), ((2,), ('b',))]
+    """
+
+    def __init__(self, path: str | os.PathLike[str], schema: Schema) -> None:
+        self.path = os.fspath(path)
+        self.name = self.path
+        self.schema = schema
+        try:
+            self._file = RecordFile.open(self.path)
+        except SpillError as exc:
+            raise SnapshotError(str(exc)) from None
+        self.nbytes = self._file.nbytes
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def scan(self, stats: IOStats | None = None) -> Iterator[Record]:
+        try:
+            yield from _validated(self._file.read(stats), self.schema, self.name)
+        except SpillError as exc:
+            raise SnapshotError(str(exc)) from None
+
+
+def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
+    """Write records to a ``RecordFile`` at ``path`` (kept); returns the count."""
+    out = RecordFile(path=path, keep=True)
+    try:
+        out.extend((tuple(k), tuple(r)) for k, r in records)
+        out.seal()
+    except BaseException:
+        out.delete()
+        raise
+    return len(out)
 
 
 def as_snapshot(obj: Snapshot | Iterable[Record], name: str = "snapshot") -> Snapshot:
