@@ -9,7 +9,10 @@ sqlglot (Spark dialect) and refused with a 400 naming the problem unless it is:
   ORDER BY, LIMIT, LATERAL VIEW, PIVOT, TABLESAMPLE;
 * reading only registered views (by their plain name) and the query's own CTEs: no
   ``db.table`` names, no ``parquet.`/path``` or other file paths, no store tables
-  (``pvm_zlog_*``, ``pvm_base_*``), no table-valued functions;
+  (``pvm_zlog_*``, ``pvm_base_*``), no table-valued functions. A name counts as a CTE only
+  where that CTE is in scope, as Spark resolves it: in the body of the query whose ``WITH``
+  defines it (subqueries included) and in the later CTEs of that ``WITH``; anywhere else it
+  must be a view. ``WITH RECURSIVE`` is refused, and so are CTEs named like store tables;
 * calling only functions of an allow-list (``ALLOWED_FUNCTIONS``: aggregates, window
   functions, arithmetic, string, date, conditional, cast, collection and JSON functions).
   Reflective, file-reading, environment and session functions (``reflect``, ``java_method``,
@@ -19,7 +22,10 @@ sqlglot (Spark dialect) and refused with a 400 naming the problem unless it is:
   variable substitution.
 
 What runs is the statement regenerated from the checked syntax tree, never the text as sent,
-so the check and the execution cannot disagree on what the statement is. Results are
+so the check and the execution cannot disagree on what the statement is. It is generated
+with nested ``WITH`` clauses kept where they are (sqlglot's Spark generator would otherwise
+hoist them to the top, changing which names they hide), then parsed and checked once more:
+what Spark receives is itself a statement that passes the check. Results are
 limited to ``limit`` rows (``truncated`` tells whether there were more) and a query running
 longer than ``QUERY_TIMEOUT_S`` is cancelled.
 
@@ -43,6 +49,7 @@ import sqlglot
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 
 from warehouse.manager import Manager, ManagerError
@@ -141,12 +148,29 @@ _QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
 )
 
 _TABLE_ARGS = frozenset({"this", "alias", "pivots", "sample", "joins", "laterals"})
+_STORE_PREFIXES = ("pvm_zlog_", "pvm_base_")  # warehouse/store/spark.py: ZLOG_PREFIX, BASE_PREFIX
 _CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
 def check_query(sql: str, views: Collection[str]) -> str:
     """The Spark SQL to run for analyst statement ``sql`` over the registered ``views``;
     QueryRejected naming the first problem otherwise."""
+    known = {v.lower(): v for v in views}
+    tree = _parse_query(sql)
+    _check_tree(tree, known)
+    out = _generate(tree)
+    # What runs is ``out``: check it too, and that it is what it says it is (a fixpoint of
+    # parsing and generating), so that no rewrite of the generator slips past the check.
+    again = _parse_query(out)
+    _check_tree(again, known)
+    if _generate(again) != out:
+        raise QueryRejected("the statement does not survive regeneration unchanged; simplify it")
+    if "${" in out:
+        raise QueryRejected("variable substitution (${…}) is not allowed")
+    return out
+
+
+def _parse_query(sql: str) -> exp.Query:
     try:
         statements = [s for s in sqlglot.parse(sql, dialect="spark") if s is not None]
     except SqlglotError as error:
@@ -159,11 +183,24 @@ def check_query(sql: str, views: Collection[str]) -> str:
     if not isinstance(tree, exp.Query):
         kind = "a command" if isinstance(tree, exp.Command) else type(tree).__name__.upper()
         raise QueryRejected(f"only a SELECT query is allowed, not {kind}")
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    known = {v.lower(): v for v in views}
+    return tree
+
+
+def _generate(tree: exp.Expression) -> str:
+    """Spark SQL for ``tree`` with every ``WITH`` where it was written. Spark 3+ takes nested
+    CTEs; sqlglot's Spark generator hoists them to the top (for Spark 2), which would change
+    their scope: a hoisted CTE hides a same-named view in the whole statement, and one hoisted
+    behind a CTE that reads it leaves that read to resolve to a table."""
+    generator = Dialect.get_or_raise("spark").generator()
+    generator.EXPRESSIONS_WITHOUT_NESTED_CTES = set()
+    return generator.generate(tree, copy=True)
+
+
+def _check_tree(tree: exp.Expression, views: dict[str, str]) -> None:
+    defined = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for node in tree.walk():
         if isinstance(node, exp.Table):
-            _check_table(node, known, ctes)
+            _check_table(node, views, defined)
         elif isinstance(node, exp.Func) and not isinstance(node, _SYNTAX):
             _check_function(node)
         elif type(node) not in _QUERY_SYNTAX:
@@ -172,10 +209,10 @@ def check_query(sql: str, views: Collection[str]) -> str:
             for clause, label in (("into", "SELECT … INTO"), ("hint", "query hints")):
                 if node.args.get(clause):
                     raise QueryRejected(f"{label} not allowed: only a read-only SELECT over views is")
-    out = tree.sql(dialect="spark")
-    if "${" in out:
-        raise QueryRejected("variable substitution (${…}) is not allowed")
-    return out
+        elif isinstance(node, exp.With) and node.args.get("recursive"):
+            raise QueryRejected("WITH RECURSIVE not allowed: only a read-only SELECT over views is")
+        elif isinstance(node, exp.CTE) and node.alias_or_name.lower().startswith(_STORE_PREFIXES):
+            raise QueryRejected(f"CTE name {node.alias_or_name!r} is not allowed: it is a store table's name")
 
 
 _LABELS = {
@@ -191,7 +228,34 @@ def _construct(node: exp.Expression) -> str:
     return _LABELS.get(key, key.upper())
 
 
-def _check_table(table: exp.Table, views: dict[str, str], ctes: set[str]) -> None:
+def _with_of(node: exp.Expression) -> exp.With | None:
+    """The WITH clause attached to ``node`` (a query), if any."""
+    for value in node.args.values():
+        if isinstance(value, exp.With):
+            return value
+    return None
+
+
+def ctes_in_scope(table: exp.Table) -> set[str]:
+    """Lower-cased names of the CTEs a table reference can mean, as Spark scopes them: those
+    of every enclosing query's WITH, where the reference sits in a CTE definition only the
+    CTEs defined before it in that WITH (no recursion)."""
+    names: set[str] = set()
+    child: exp.Expression = table
+    node = table.parent
+    while node is not None:
+        if isinstance(node, exp.With):
+            position = next((i for i, cte in enumerate(node.expressions) if cte is child), 0)
+            names.update(cte.alias_or_name.lower() for cte in node.expressions[:position])
+        else:
+            clause = _with_of(node)
+            if clause is not None and clause is not child:
+                names.update(cte.alias_or_name.lower() for cte in clause.expressions)
+        child, node = node, node.parent
+    return names
+
+
+def _check_table(table: exp.Table, views: dict[str, str], defined: set[str]) -> None:
     if not isinstance(table.this, exp.Identifier):
         raise QueryRejected(f"{table.this.sql(dialect='spark')} in FROM is not allowed: name a view")
     written = table.sql(dialect="spark")
@@ -201,9 +265,11 @@ def _check_table(table: exp.Table, views: dict[str, str], ctes: set[str]) -> Non
     if extra:
         raise QueryRejected(f"{written}: {', '.join(extra)} not allowed on a table reference")
     name = table.name.lower()
-    if name not in views and name not in ctes:
-        shown = ", ".join(sorted(views.values())) or "none yet"
-        raise QueryRejected(f"unknown view {table.name!r}: queries may read only views ({shown})")
+    if name in views or name in ctes_in_scope(table):
+        return
+    shown = ", ".join(sorted(views.values())) or "none yet"
+    hint = f" (a CTE named {table.name!r} exists, but it is not in scope here)" if name in defined else ""
+    raise QueryRejected(f"unknown view {table.name!r}{hint}: queries may read only views ({shown})")
 
 
 def _check_function(node: exp.Func) -> None:

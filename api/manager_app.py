@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source
 from api.metrics import registry_for, render, view_progress
-from api.schemas import Ack, UpdateBatch
+from api.schemas import CAPTURE_METHODS, Ack, UpdateBatch
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
 from warehouse.receiver import ReceiveError
@@ -59,9 +59,17 @@ class SourceIn(BaseModel):
     )
     name: str = Field(min_length=1, max_length=64, pattern=NAME, examples=["shop"])
     wrapper_url: str = Field(
-        min_length=8, max_length=500, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", examples=["http://127.0.0.1:8101"]
+        min_length=8,
+        max_length=500,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="the wrapper's HTTP address (`pvm wrapper run --port`), not the source database's URL",
+        examples=["http://127.0.0.1:8101"],
     )
-    capture: str = Field(default="trigger", min_length=1, max_length=50, examples=["trigger"])
+    capture: Literal[CAPTURE_METHODS] = Field(  # type: ignore[valid-type]
+        default="trigger",
+        description="the wrapper's capture method; refused (422) if the wrapper reports another one in its health",
+        examples=["trigger"],
+    )
     tables: list[str] | None = Field(
         default=None, max_length=1000, description="tables to use (default: every captured table)", examples=[["orders"]]
     )
@@ -188,7 +196,10 @@ class ViewOut(BaseModel):
     units_retained: int = Field(description="units in the RPU")
     updates_pending: int = Field(description="updates queued or being maintained")
     lag_updates: int = Field(description="updates received but not visible at W yet")
-    lag_seconds: float = Field(description="age of the oldest queued update")
+    lag_seconds: float = Field(
+        description="age of the oldest update not visible at W: received, but in no unit committed at or below W "
+        "(queued, being maintained, or maintained above W); 0 when every received update is visible"
+    )
     row_count: int | None = Field(description="rows of the view as of row_count_as_of (W; a slow store recounts every few seconds)")
     row_count_as_of: int | None
     counters: ViewCountersOut
@@ -302,6 +313,15 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 AUTH = (401, 403)
 
+# Request bodies of the analyst routes (api/analyst.py), shown in the OpenAPI description.
+ANALYST_BODY_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/v1/query"): {
+        "sql": "SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC",
+        "limit": 100,
+    },
+    ("POST", "/v1/views/{name}/verify"): {"max_differences": 20},
+}
+
 
 # -- the app ---------------------------------------------------------------------------------------
 def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_update_bytes: int = MAX_UPDATE_BODY_BYTES) -> FastAPI:
@@ -345,8 +365,25 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
     app.include_router(_view_routes(manager))
     app.include_router(_token_routes(manager, app))
     # Analyst routes (read-only queries, verification) go in with their role:
-    app.include_router(analyst.router, dependencies=[Depends(ANALYST)])
+    app.include_router(analyst.router, dependencies=[Depends(ANALYST)], responses=errors(*AUTH))
+    _document_bodies(app, ANALYST_BODY_EXAMPLES)
     return app
+
+
+def _document_bodies(app: FastAPI, examples: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Show an example request body in the OpenAPI operation of each (method, path) given."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = generate()  # cached in app.openapi_schema: completed once
+            for (method, path), example in examples.items():
+                body = spec.get("paths", {}).get(path, {}).get(method.lower(), {}).get("requestBody")
+                for media in (body or {}).get("content", {}).values():
+                    media.setdefault("example", example)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _error_handlers(app: FastAPI) -> None:

@@ -94,7 +94,9 @@ class ManagerCollector(Collector):
             "retained": gauge("pvm_view_units_retained", "Maintained units kept for compensation (RPU)"),
             "watermark": gauge("pvm_view_watermark", "Visibility watermark W: every order <= W is committed"),
             "lag_updates": gauge("pvm_view_lag_updates", "Updates received but not visible at W yet"),
-            "lag_seconds": gauge("pvm_view_lag_seconds", "Age of the oldest update still queued, in seconds"),
+            "lag_seconds": gauge(
+                "pvm_view_lag_seconds", "Age in seconds of the oldest update not visible at W (queued, running or above W)"
+            ),
             "state": gauge("pvm_view_state", "1 for the state the view is in", ("view", "state")),
         }
         subquery = HistogramMetricFamily(
@@ -143,17 +145,17 @@ class ManagerCollector(Collector):
 
 def view_progress(handle: Any) -> dict[str, Any]:
     """How far behind a view is: updates queued or running, updates not visible at W (queued,
-    plus every numbered unit above W), and the age of the oldest queued update."""
-    import time
+    plus every numbered unit above W), and the age of the oldest update not visible at W
+    (``warehouse.manager.lag_seconds``)."""
+    from warehouse.manager import lag_seconds
 
     protocol = handle.maintainer.protocol
     running = sum(len(u.updates) for u in protocol.ppu.values())
     numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
-    oldest = min((u.received_at for u in protocol.umq if u.received_at is not None), default=None)
     return {
         "updates_pending": len(protocol.umq) + running,
         "lag_updates": len(protocol.umq) + numbered_above_w,
-        "lag_seconds": 0.0 if oldest is None else round(max(0.0, time.time() - oldest), 3),
+        "lag_seconds": lag_seconds(protocol),
     }
 
 

@@ -16,6 +16,10 @@ MAX_CHANGES_PER_UPDATE = 100_000
 MAX_UPDATES_PER_POST = 1_000
 MAX_SUBQUERY_KEYS = 200_000
 
+CAPTURE_METHODS = ("trigger", "timestamp", "application", "snapshot")
+"""How a wrapper can capture its source's changes (``wrappers.capture.METHODS``); a source is
+registered with the one its wrapper runs, which the wrapper reports in its health."""
+
 
 class Change(BaseModel):
     """One row inserted (+1) or deleted (-1) in one relation. An SQL UPDATE is -old, +new."""
@@ -39,7 +43,27 @@ class Update(BaseModel):
 class UpdateBatch(BaseModel):
     """Several updates of one source in one message (Carnes: pack, ack, resend until acked)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "source": "shop",
+                    "updates": [
+                        {
+                            "seq": 41,
+                            "txid": "7301",
+                            "captured_at": 1764400000.5,
+                            "changes": [
+                                {"relation": "orders", "sign": -1, "row": {"id": 7, "customer_id": 3, "qty": 2}},
+                                {"relation": "orders", "sign": 1, "row": {"id": 7, "customer_id": 3, "qty": 4}},
+                            ],
+                        }
+                    ],
+                }
+            ]
+        },
+    )
     source: str = Field(min_length=1, max_length=100, examples=["shop"])
     updates: list[Update] = Field(max_length=MAX_UPDATES_PER_POST)
 
@@ -56,7 +80,9 @@ class Subquery(BaseModel):
 
     ``on`` reads key column j of the partial result as ``{"col": ["$key", "k<j>"]}`` and the
     relation's columns as ``{"col": [alias, column]}``; ``where`` is the relation's local
-    predicate. Expressions use the JSON form of ``warehouse.expr``.
+    predicate. Expressions use the JSON form of ``warehouse.expr``. When more subqueries
+    wait than the source answers at once, the smallest ``priority`` goes first: the manager
+    sends the time its maintenance unit started, so the oldest unit is served first.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -66,6 +92,7 @@ class Subquery(BaseModel):
     on: dict[str, Any] | None = None
     where: dict[str, Any] | None = None
     select: list[str]
+    priority: float = Field(default=0.0, allow_inf_nan=False)
 
 
 class SubqueryAnswer(BaseModel):

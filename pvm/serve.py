@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port; 0 picks a free one, -1 starts no server (default: 15002)")
     parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
     parser.add_argument("--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)")
+    parser.add_argument(
+        "--commit-linger", type=float, default=0.0, metavar="SECONDS",
+        help="how long the commit manager waits after an effect is ready, to gather more into the same write (default: 0)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
 
 
@@ -44,8 +49,19 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
 
     spark_dir = data_dir / "spark"
     spark = get_spark(master, spark_dir / "warehouse")
-    # old versions of compacted tables stay a minute for analysts' queries still reading them
-    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=60.0)
+    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retention_s())
+
+
+# Beyond the query timeout: cancelling a Spark job takes effect between tasks, not at once.
+RETENTION_MARGIN_S = 60.0
+
+
+def retention_s() -> float:
+    """How long a compacted-away table version stays on disk: an analyst's REST query planned
+    on it before the swap runs at most ``QUERY_TIMEOUT_S`` before it is cancelled."""
+    from api.analyst import QUERY_TIMEOUT_S
+
+    return QUERY_TIMEOUT_S + RETENTION_MARGIN_S
 
 
 def announce_first_admin_token(url: str) -> None:
@@ -75,9 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.manager import Manager
 
+    check_options(args)  # before anything starts: a refusal leaves nothing behind
     setup_logging(args.log_level)
-    if args.commit_group_size < 1:
-        raise CliError("--commit-group-size must be at least 1")
     url = catalog_url(args.data_dir, args.catalog)
     announce_first_admin_token(url)
     try:
@@ -87,15 +102,43 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.data_dir, args.spark_master, url)
     background = start_spark_services(store, args) if args.store == "spark" else []
     try:
-        manager = Manager(url, store, commit_group_size=args.commit_group_size)
+        manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
         server = uvicorn_server(create_app(manager))
         return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
     finally:
         for stop in reversed(background):
             stop()
+        sock.close()
 
 
 CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """CliError naming the first option that cannot work; starts nothing."""
+    if args.commit_group_size < 1:
+        raise CliError("--commit-group-size must be at least 1")
+    if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
+        raise CliError("--commit-linger must be a number of seconds, 0 or more")
+    if args.store == "spark":
+        if not (math.isfinite(args.compaction_interval) and args.compaction_interval > 0):
+            raise CliError("--compaction-interval must be positive")
+        check_connect_exposure(args)
+
+
+def check_connect_exposure(args: argparse.Namespace) -> None:
+    """Refuse a Spark Connect server reachable from other machines without a token."""
+    from warehouse.store.spark_connect import exposure_problem
+
+    if args.connect_port < 0:
+        return
+    host = args.connect_host or args.host
+    problem = exposure_problem(host, os.environ.get(CONNECT_TOKEN_ENV) or None)
+    if problem is not None:
+        raise CliError(
+            f"{problem}. Set {CONNECT_TOKEN_ENV}=<secret> to require a token from clients, "
+            "or keep it on loopback with --connect-host 127.0.0.1, or start no server with --connect-port -1"
+        )
 
 
 def start_spark_services(store, args: argparse.Namespace) -> list:
@@ -106,6 +149,7 @@ def start_spark_services(store, args: argparse.Namespace) -> list:
 
     if args.compaction_interval <= 0:
         raise CliError("--compaction-interval must be positive")
+    check_connect_exposure(args)
     compactor = Compactor(store, interval_s=args.compaction_interval)
     compactor.start()
     stoppers = [compactor.stop]

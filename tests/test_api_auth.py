@@ -88,26 +88,44 @@ async def test_token_created_once_stored_hashed_and_revoked_at_once(env):
     assert r.status_code == 404 and "999" in r.json()["detail"]
 
 
+def _schema_of(spec: dict, schema: dict) -> dict:
+    """The component a body or response schema refers to (directly, as list items, or as
+    the non-null member of an optional body), else the schema itself."""
+    for candidate in (schema, schema.get("items", {}), *schema.get("anyOf", ())):
+        if "$ref" in candidate:
+            return spec["components"]["schemas"][candidate["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def _has_example(spec: dict, media: dict) -> bool:
+    return "example" in media or "examples" in media or "examples" in _schema_of(spec, media.get("schema", {}))
+
+
 async def test_every_operation_is_documented_with_an_example(env):
     spec = env.app.openapi()
     assert spec["components"]["securitySchemes"]["token"]["scheme"] == "bearer"
+    seen = set()
     for path, operations in spec["paths"].items():
         for method, op in operations.items():
             where = f"{method.upper()} {path}"
-            if "analyst" in op.get("tags", ()):
-                continue  # api/analyst.py documents its own routes
+            seen.add(where)
             assert op.get("summary") and op.get("description"), where
+            body = op.get("requestBody")
+            if body is not None:  # what to send
+                assert _has_example(spec, next(iter(body["content"].values()))), (where, "request body")
             ok = next(v for k, v in op["responses"].items() if k.startswith("2"))
             content = ok.get("content")
-            if content is None:  # 204: no body
-                continue
-            media = next(iter(content.values()))
-            schema = media.get("schema", {})
-            if "$ref" in schema:
-                schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
-            elif "items" in schema and "$ref" in schema["items"]:
-                schema = spec["components"]["schemas"][schema["items"]["$ref"].rsplit("/", 1)[1]]
-            assert "example" in media or "examples" in media or "examples" in schema, where
+            if content is not None:  # else 204: no body
+                assert _has_example(spec, next(iter(content.values()))), where
             for code, response in op["responses"].items():
                 if code.startswith("4") and code != "422" or code.startswith("5"):
                     assert "example" in next(iter(response["content"].values())), (where, code)
+            if path.startswith("/v1/") and path not in ("/v1/health", "/v1/ready"):
+                assert {"401", "403"} <= set(op["responses"]), (where, "token refusals")
+    # the analyst routes are covered too
+    assert {"POST /v1/query", "POST /v1/views/{name}/verify"} <= seen
+    verify = spec["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"]["content"]["application/json"]
+    assert verify["example"] == {"max_differences": 20}
+    # and the document served is the one checked
+    served = (await env.client.get("/openapi.json")).json()
+    assert served["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"] == spec["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"]

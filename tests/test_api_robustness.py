@@ -64,6 +64,9 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         refused(await c.post("/v1/views", json={"sql": VIEW, "name": "v"}, headers=admin), 409, "already exists")
         refused(await c.post("/v1/sources", json={"name": "a", "wrapper_url": "http://127.0.0.1:9"}, headers=admin), 409, "already registered")
         refused(await c.post("/v1/sources", json={"name": "x y", "wrapper_url": "ftp://somewhere"}, headers=admin), 422)
+        r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "log"}, headers=admin)
+        refused(r, 422, "capture", "'trigger'", "'timestamp'", "'application'", "'snapshot'")
+        assert "c" not in env.manager.clients and "c" not in await env.manager.db("sources")
         # oversized: declared by Content-Length, or streamed without one
         refused(await c.post("/v1/views", json={"sql": "SELECT " + "x" * 5000}, headers=admin), 413, "4096")
         big = update(base + 2, "R", {"k": 3, "v": "z" * 9000})

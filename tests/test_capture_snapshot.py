@@ -213,6 +213,37 @@ def test_bad_dumps_are_refused_and_the_previous_snapshot_kept(tmp_path: Path) ->
         capture.close()
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_far_apart_duplicate_keys_are_refused_by_every_algorithm(tmp_path: Path, algorithm: str) -> None:
+    """Duplicates further apart than the window's aging buffer never meet in it; they are
+    still refused as duplicates (not as a replica conflict), and the kept snapshot stays."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    first = [(i, f"n{i}", i % 5) for i in range(300)]
+    dump(dumps, first)
+    capture = dump_capture(tmp_path, dumps, algorithm=algorithm, aging_records=8)
+    try:
+        shipped = outbox_count(capture)
+        cases = {
+            "an unchanged key again at the end": (5, first + [(5, "again", 0)]),
+            "a changed key again at the end": (7, [(7, "seven", 1)] + first[1:7] + first[8:] + [(7, "n7", 2)]),
+            "a new key twice": (1000, [(1000, "x", 1)] + first + [(1000, "y", 2)]),
+        }
+        for what, (key, records) in cases.items():
+            dump(dumps, records)
+            status = pulled(capture)
+            assert status["last_error"] and f"duplicate key ({key},)" in status["last_error"], (what, status)
+            assert "not applied" in status["last_error"], what
+            assert replica_rows(capture) == set(first) and outbox_count(capture) == shipped, what
+        good = first[:100] + [(100, "changed", 1)] + first[101:]
+        dump(dumps, good)  # differenced against the last good snapshot
+        status = pulled(capture)
+        assert status["last_error"] is None and status["last_changes"]["t"] == {"insert": 0, "delete": 0, "update": 1}
+        assert replica_rows(capture) == set(good)
+    finally:
+        capture.close()
+
+
 def test_a_restart_differences_against_the_kept_snapshot_and_removes_leftovers(tmp_path: Path) -> None:
     dumps = tmp_path / "dumps"
     dumps.mkdir()

@@ -4,7 +4,14 @@ errors printed as ``pvm: error: <message>`` with a non-zero exit status."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
 
 from pvm.cli import main
 from tests.api_support import VIEW, LiveManager
@@ -87,3 +94,160 @@ def test_serve_makes_a_first_admin_token_once(tmp_path, capsys):
     assert parse_token(token) is not None
     announce_first_admin_token(url)
     assert capsys.readouterr().err == ""
+
+
+def wait_for(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_pause_resume_and_query(tmp_path, capsys):
+    with LiveManager(tmp_path) as live:
+        admin = ["--manager", live.url, "--token", live.tokens["admin"]]
+        analyst = ["--manager", live.url, "--token", live.tokens["analyst"]]
+        for name, table in (("a", "R"), ("b", "S")):
+            assert pvm(capsys, "source", "add", name, "--url", f"http://{name}.invalid", "--tables", table, *admin)[0] == 0
+        live.sources["a"].load("R", [(1, "x")])
+        live.sources["b"].load("S", [(1, 10), (2, 20)])
+        code, _, err = pvm(capsys, "view", "define", "--sql", VIEW, "--name", "v", "--wait", *admin)
+        assert code == 0, err
+
+        def show() -> dict:
+            code, out, err = pvm(capsys, "view", "show", "v", "--json", *analyst)
+            assert code == 0, err
+            return json.loads(out)
+
+        code, _, err = pvm(capsys, "view", "pause", "v", *admin)
+        assert code == 0 and "view v: paused" in err
+        assert show()["paused"] and live.manager.view("v").maintainer.paused
+        # while paused, an update is received and queued, not maintained
+        watermark = show()["watermark"]
+        update = {"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 2, "v": "y"}}]}
+        r = httpx.post(f"{live.url}/v1/updates", json={"source": "a", "updates": [update]}, headers=live.auth("admin"))
+        assert r.status_code == 200 and r.json()["through"] == 1
+        time.sleep(0.3)
+        status = show()
+        assert (status["updates_queued"], status["watermark"], status["paused"]) == (1, watermark, True)
+
+        code, out, _ = pvm(capsys, "view", "resume", "v", "--json", *admin)
+        assert code == 0 and json.loads(out)["paused"] is False
+        wait_for(lambda: (s := show())["updates_queued"] == 0 and s["idle"])
+        assert show()["watermark"] == watermark + 1
+        code, out, _ = pvm(capsys, "view", "rows", "v", "--json", *analyst)
+        assert json.loads(out)["rows"] == [[1, "x", 10], [2, "y", 20]]
+        code, _, err = pvm(capsys, "view", "resume", "v", *admin)  # resuming a running view is harmless
+        assert code == 0 and "view v: maintaining" in err
+
+        # refusals: the analyst may not pause, unknown views are named
+        code, _, err = pvm(capsys, "view", "pause", "v", *analyst)
+        assert code == 2 and "admin role" in err and not show()["paused"]
+        code, _, err = pvm(capsys, "view", "resume", "nope", *admin)
+        assert code == 2 and "unknown view 'nope'" in err
+
+        # analyst SQL runs on the Spark store only: this manager keeps its views in memory (501)
+        code, out, err = pvm(capsys, "query", "SELECT k, count(*) FROM v GROUP BY k", *analyst)
+        assert code == 2 and out == ""
+        assert err.startswith("pvm: error: ") and len(err.strip().splitlines()) == 1
+        assert "Spark view store" in err and "--store spark" in err
+        code, _, err = pvm(capsys, "query", "  ", *analyst)
+        assert code == 2 and "the query is empty" in err
+
+
+class FakeWrapper:
+    """A wrapper's HTTP API (schema and health) on a loopback port, reporting ``method`` as
+    its capture method: enough for the manager to register it."""
+
+    def __init__(self, method: str) -> None:
+        from fastapi import FastAPI
+
+        from api.wrapper_app import Health
+
+        app = FastAPI()
+
+        @app.get("/v1/schema")
+        def schema() -> dict:
+            columns = [{"name": "k", "type": "INTEGER"}, {"name": "v", "type": "TEXT"}]
+            return {"source": "c", "tables": {"T": {"columns": columns, "primary_key": ["k"]}}}
+
+        @app.get("/v1/health")
+        def health() -> dict:
+            report = Health(ok=True, source="c", last_seq=0, shipped_through=0, acked_through=0, pending=0, capture={"method": method})
+            return report.model_dump()
+
+        self.app = app
+
+    def __enter__(self) -> FakeWrapper:
+        from pvm.serving import http_url, listen, uvicorn_server
+
+        sock = listen("127.0.0.1", 0)
+        self.url = http_url(sock)
+        self.server = uvicorn_server(self.app)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_source_add_checks_the_wrapper(tmp_path, capsys):
+    from warehouse.sources import HttpSourceClient
+
+    with LiveManager(tmp_path) as live, FakeWrapper("timestamp") as wrapper:
+        admin = ["--manager", live.url, "--token", live.tokens["admin"]]
+        simulated = live.manager.connect
+        # real HTTP to loopback wrappers, retried for 1 s (not 15) when unreachable
+        live.manager.connect = lambda name, url: (
+            HttpSourceClient(name, url, retry_seconds=1.0) if url.startswith("http://127.0.0.1") else simulated(name, url)
+        )
+
+        def registered() -> list[str]:
+            code, out, _ = pvm(capsys, "source", "list", "--json", *admin)
+            assert code == 0
+            return [s["name"] for s in json.loads(out)]
+
+        # a capture method no wrapper has: a usage error, nothing sent
+        with pytest.raises(SystemExit) as exit_info:
+            pvm(capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "log", *admin)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "invalid choice: 'log'" in err and "timestamp" in err
+        # the database's URL where the wrapper's address belongs
+        code, _, err = pvm(capsys, "source", "add", "c", "--url", "sqlite:///shop.db", *admin)
+        assert code == 2 and "wrapper's HTTP address" in err and "pvm wrapper run --url" in err
+        # nobody listens there
+        unreachable = closed_port_url()
+        code, _, err = pvm(capsys, "source", "add", "c", "--url", unreachable, "--capture", "timestamp", *admin)
+        assert code == 2 and err.startswith("pvm: error: ") and f"could not read the schema of source 'c' at {unreachable}" in err
+        # a table the wrapper does not capture
+        code, _, err = pvm(capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "timestamp", "--tables", "T,nope", *admin)
+        assert code == 2 and "no captured table(s) nope" in err and "captures: T" in err
+        # the wrapper runs timestamp capture, not the default trigger capture: both are named
+        code, _, err = pvm(capsys, "source", "add", "c", "--url", wrapper.url, *admin)
+        assert code == 2 and "capture 'trigger' was given" in err and "reports capture method 'timestamp'" in err
+        assert registered() == [] and "c" not in live.manager.clients  # nothing registered
+
+        code, out, err = pvm(capsys, "source", "add", "c", "--wrapper-url", wrapper.url, "--capture", "timestamp", "--json", *admin)
+        assert code == 0, err
+        assert json.loads(out)["capture"] == "timestamp" and json.loads(out)["relations"] == {"T": ["k", "v"]}
+        assert registered() == ["c"]
+        code, out, _ = pvm(capsys, "source", "show", "c", *admin)
+        assert code == 0 and "timestamp" in out and "reachable" in out
+
+
+def test_source_add_help_names_the_wrapper_address(capsys):
+    with pytest.raises(SystemExit):
+        main(["source", "add", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--url URL, --wrapper-url URL" in out and "the wrapper's HTTP address" in out
+    assert "{trigger,timestamp,application,snapshot}" in out

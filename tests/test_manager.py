@@ -4,11 +4,16 @@ batching, and SWEEP (p = 1), over in-process sources."""
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
+import time
+from dataclasses import dataclass
 
 import pytest
 
+from api.metrics import view_progress
 from api.schemas import Change, Update
-from tests.sim import Delays, recompute, start_sim_manager
+from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from warehouse.manager import ManagerError
 from warehouse.receiver import ReceiveError
 from warehouse.store.memory import MemoryStore
@@ -239,3 +244,133 @@ async def test_restart_recovers_running_and_queued_units(tmp_path):
         assert not manager2.read("v").has_negative()
     finally:
         await manager2.stop()
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose writes wait while its gate is closed (a slow Spark append):
+    effects finished meanwhile pile up in the commit manager."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()  # a write is held at the gate
+
+    def commit(self, view, effects) -> None:
+        if not self.gate.is_set():
+            self.waiting.set()
+            assert self.gate.wait(60), "the gate was never opened"
+        super().commit(view, effects)
+
+
+async def until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_ready_effects_are_committed_together_in_groups_of_at_most_commit_group_size(tmp_path):
+    store = GatedStore()
+    manager, sources = await start_sim_manager(tmp_path / "c.db", TABLES, store=store)
+    manager.commit_group_size = 3
+    try:
+        sources["a"].load("R", [(0, "r0")])
+        sources["b"].load("S", [(0, 0), (1, 10), (2, 20)])
+        await manager.define_view(VIEW, "v", parallelism=8)
+        await manager.wait_idle("v")
+        counters = manager.view("v").maintainer.counters
+        written = len(store.commit_log)
+        store.gate.clear()  # the next store write waits: the effects finished meanwhile wait with it
+        for i in range(10):  # every insert joins: ten non-empty effects
+            sources["a"].commit([("R", 1, (i % 3, f"n{i}"))])
+            await sources["a"].ship()
+        await until(lambda: counters.units_maintained == 11 and store.waiting.is_set())
+        store.gate.set()
+        assert await converged(manager, sources)
+        groups = [len(g) for g in store.commit_log[written:]]
+        assert sum(groups) == 10
+        assert max(groups) > 1, groups  # ready together: one store write for several effects
+        assert max(groups) <= 3, groups  # never more than commit_group_size
+        assert len(groups) < 10
+        assert counters.commit_groups[-len(groups):] == groups  # what the metrics histogram shows
+    finally:
+        await manager.stop()
+
+
+async def test_lag_seconds_counts_updates_not_visible_at_the_watermark(tmp_path):
+    """lag_seconds is the age of the oldest update received but not visible at W: it keeps
+    growing while the update's unit runs and while its effect waits to be committed, not
+    only while the update is queued, and is 0 once W covers it."""
+    store = GatedStore()
+    manager, sources = await start_sim_manager(tmp_path / "c.db", TABLES, store=store)
+    try:
+        sources["a"].load("R", [(1, "x")])
+        sources["b"].load("S", [(1, 10)])
+        await manager.define_view(VIEW, "v")
+        await manager.wait_idle("v")
+        assert manager.status("v")["lag_seconds"] == 0.0
+        handle = manager.view("v")
+        answer, asked, answering = sources["b"].subquery, asyncio.Event(), asyncio.Event()
+
+        async def held(q):
+            asked.set()
+            await answering.wait()
+            return await answer(q)
+
+        sources["b"].subquery = held
+        store.gate.clear()
+        sources["a"].commit([("R", 1, (1, "z"))])
+        await sources["a"].ship()
+        await asyncio.wait_for(asked.wait(), 10)
+        await asyncio.sleep(0.3)
+        status = manager.status("v")
+        assert (status["updates_queued"], status["units_running"], status["watermark"]) == (0, 1, 1)
+        assert status["lag_seconds"] >= 0.25, status  # its unit runs: not visible at W
+        assert view_progress(handle)["lag_seconds"] >= 0.25  # what the API and /metrics show
+
+        answering.set()  # maintained, but its commit is held: still above W
+        await until(lambda: handle.maintainer.counters.units_maintained == 2 and store.waiting.is_set())
+        await asyncio.sleep(0.1)
+        status = manager.status("v")
+        assert (status["updates_queued"], status["units_running"], status["watermark"]) == (0, 0, 1)
+        assert status["lag_seconds"] >= 0.35, status
+
+        store.gate.set()
+        await manager.wait_idle("v")
+        assert manager.watermark("v") == 2
+        assert manager.status("v")["lag_seconds"] == 0.0 == view_progress(handle)["lag_seconds"]
+    finally:
+        store.gate.set()
+        await manager.stop()
+
+
+@dataclass
+class ReportingSource(SimSource):
+    """An in-process source whose wrapper reports its capture method in its health."""
+
+    method: str = "trigger"
+
+    async def health(self) -> dict:
+        return {"ok": True, "source": self.name, "last_seq": 0, "pending": 0, "capture": {"method": self.method}}
+
+
+async def test_source_registration_checks_the_capture_method(tmp_path):
+    manager, _ = await start_sim_manager(tmp_path / "c.db", {})
+    manager.connect = lambda name, url: ReportingSource(name, {"T": ("k", "v")}, random.Random(0), method="timestamp")
+    try:
+        with pytest.raises(ManagerError, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot") as info:
+            await manager.add_source("c", "http://c.invalid", capture="log")
+        assert info.value.status == 422
+        with pytest.raises(ManagerError, match="capture 'trigger' was given.*reports capture method 'timestamp'") as info:
+            await manager.add_source("c", "http://c.invalid", capture="trigger")
+        assert info.value.status == 422
+        with pytest.raises(ManagerError, match="no captured table.*nope.*captures: T") as info:
+            await manager.add_source("c", "http://c.invalid", capture="timestamp", tables=["nope"])
+        assert info.value.status == 422
+        assert "c" not in manager.clients and await manager.db("sources") == {}  # nothing registered
+        await manager.add_source("c", "http://c.invalid", capture="timestamp")
+        assert (await manager.db("sources"))["c"].capture == "timestamp"
+    finally:
+        await manager.stop()
+

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from api.schemas import Ack, Interest, RelationInterest, Update
+from api.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
 from warehouse import expr
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
@@ -42,6 +42,16 @@ class ManagerError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
+    """Age of the oldest update of the view not visible at W: received, but in no unit
+    committed at or below W (still queued, running, or maintained above W). 0 when every
+    received update is visible."""
+    oldest = protocol.oldest_invisible()
+    if oldest is None:
+        return 0.0
+    return round(max(0.0, (time.time() if now is None else now) - oldest), 3)
 
 
 @dataclass
@@ -130,6 +140,8 @@ class Manager:
             raise ManagerError(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
         if name in self.clients:
             raise ManagerError(f"source {name!r} is already registered", 409)
+        if capture not in CAPTURE_METHODS:
+            raise ManagerError(f"unknown capture method {capture!r}: choose one of {', '.join(CAPTURE_METHODS)}", 422)
         if manager_token:
             self.manager_tokens[name] = manager_token
         client = self.connect(name, wrapper_url)
@@ -142,7 +154,19 @@ class Manager:
         unknown = sorted(set(tables or ()) - set(schema))
         if unknown:
             await client.aclose()
-            raise ManagerError(f"source {name!r} has no captured table(s) {', '.join(unknown)}", 422)
+            raise ManagerError(
+                f"source {name!r} has no captured table(s) {', '.join(unknown)} (the wrapper at {wrapper_url} "
+                f"captures: {', '.join(sorted(schema)) or 'none'})",
+                422,
+            )
+        reported = await _reported_capture(client, name)
+        if reported is not None and reported != capture:
+            await client.aclose()
+            raise ManagerError(
+                f"source {name!r}: capture {capture!r} was given, but the wrapper at {wrapper_url} reports capture "
+                f"method {reported!r}; register it with capture {reported!r}",
+                422,
+            )
         relations = {
             t: RelationInfo(name, t, s.columns, s.types, s.primary_key)
             for t, s in schema.items()
@@ -365,8 +389,6 @@ class Manager:
         handle = self.view(name)
         m = handle.maintainer
         c = m.counters
-        now = time.time()
-        oldest = min((u.received_at or now for u in m.protocol.umq), default=None)
         return {
             "name": name,
             "state": handle.info.state,
@@ -381,7 +403,7 @@ class Manager:
             "updates_queued": len(m.protocol.umq),
             "units_running": len(m.protocol.ppu),
             "units_retained": len(m.protocol.rpu),
-            "lag_seconds": 0.0 if oldest is None else round(now - oldest, 3),
+            "lag_seconds": lag_seconds(m.protocol),
             "counters": {
                 "updates_received": c.updates_received,
                 "units_started": c.units_started,
@@ -398,6 +420,22 @@ class Manager:
         await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)
 
 
+async def _reported_capture(client: SourceClient, name: str) -> str | None:
+    """The capture method the source's wrapper reports in its health (``capture.method``);
+    None when it reports none or cannot say (a client without health, a failed probe)."""
+    probe = getattr(client, "health", None)
+    if probe is None:
+        return None
+    try:
+        data = await probe()
+    except Exception:  # its schema answered: take its word on the rest
+        log.warning("could not read the health of the wrapper of source %s", name, exc_info=True)
+        return None
+    capture = data.get("capture") if isinstance(data, dict) else None
+    method = capture.get("method") if isinstance(capture, dict) else None
+    return method if isinstance(method, str) else None
+
+
 def _identifier(name: str) -> bool:
     return bool(name) and len(name) <= 64 and (name[0].isalpha() or name[0] == "_") and all(
         ch.isalnum() or ch == "_" for ch in name
@@ -409,4 +447,4 @@ def _as_table(e: expr.Expr, alias: str, table: str) -> expr.Expr:
     return expr.substitute(e, {c: expr.Col(table, c.name) for c in expr.columns(e) if c.relation == alias})
 
 
-__all__ = ["CatalogError", "Manager", "ManagerError"]
+__all__ = ["CatalogError", "Manager", "ManagerError", "lag_seconds"]

@@ -14,6 +14,12 @@ Initial materialization starts from the unit Z-set ``{(): 1}`` and queries every
 in FROM order. Each step joins the partial result with one relation under the join
 conjuncts whose relations are all present once that relation joins.
 
+Compensation does not depend on the order of the subqueries (it compares relation
+positions, not query times), so where SWEEP's next relation shares no join predicate with
+the partial result yet, the first one in SWEEP's order that does is taken instead. For a
+chain or any path that is SWEEP's order; for a star whose centre is not between its points
+in FROM order it avoids the cross product SWEEP's order would ship.
+
 >>> from warehouse.expr import Col, Cmp
 >>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
 >>> s = RelationRef("s", "s2", "s", ("b",), None)
@@ -92,29 +98,41 @@ class ViewPlan:
     # -- SWEEP ---------------------------------------------------------------------------
     def sweep(self, changed: int | None) -> tuple[SweepStep, ...]:
         """The subquery steps for a delta of relation ``changed`` (None: initial load)."""
+        if changed not in self._sweeps:
+            joined: tuple[int, ...] = () if changed is None else (changed,)
+            steps = []
+            while (j := self._next_relation(changed, joined)) is not None:
+                steps.append(self._step(joined, j))
+                joined += (j,)
+            self._sweeps[changed] = tuple(steps)
         return self._sweeps[changed]
 
     @cached_property
     def _sweeps(self) -> dict[int | None, tuple[SweepStep, ...]]:
-        n = len(self.relations)
-        out: dict[int | None, tuple[SweepStep, ...]] = {None: self._steps([], list(range(n)))}
-        for k in range(n):
-            out[k] = self._steps([k], sweep_order(k, n))
-        return out
+        return {}
 
-    def _steps(self, start: list[int], order: list[int]) -> tuple[SweepStep, ...]:
-        joined = {self.relations[i].alias for i in start}
-        layout: tuple[Col, ...] = tuple(c for i in start for c in self.relations[i].cols())
-        steps = []
-        for j in order:
-            alias = self.relations[j].alias
-            now = joined | {alias}
-            on = [c for c in self.join if alias in relations(c) and relations(c) <= now]
-            keys = tuple(c for c in layout if any(c in columns(p) for p in on))
-            steps.append(SweepStep(j, layout, keys, conjoin(on)))
-            joined = now
-            layout = layout + self.relations[j].cols()
-        return tuple(steps)
+    def _next_relation(self, changed: int | None, joined: tuple[int, ...]) -> int | None:
+        """SWEEP's next relation, or, when it shares no join conjunct with the partial result,
+        the first in SWEEP's order that does (FROM order for the initial load)."""
+        order = list(range(len(self.relations))) if changed is None else sweep_order(changed, len(self.relations))
+        remaining = [j for j in order if j not in joined]
+        if not remaining:
+            return None
+        present = {self.relations[i].alias for i in joined}
+        connected = [j for j in remaining if self._joins(self.relations[j].alias, present)]
+        return connected[0] if connected and changed is not None else remaining[0]
+
+    def _joins(self, alias: str, present: set[str]) -> bool:
+        return any(alias in relations(c) and (relations(c) - {alias}) & present for c in self.join)
+
+    def _step(self, joined: tuple[int, ...], j: int) -> SweepStep:
+        """The step joining relation ``j`` to a partial result of ``joined`` (in that order)."""
+        present = {self.relations[i].alias for i in joined}
+        alias = self.relations[j].alias
+        on = [c for c in self.join if alias in relations(c) and relations(c) <= present | {alias}]
+        layout = tuple(c for i in joined for c in self.relations[i].cols())
+        keys = tuple(c for c in layout if any(c in columns(p) for p in on))
+        return SweepStep(j, layout, keys, conjoin(on))
 
     def final_layout(self, changed: int | None) -> tuple[Col, ...]:
         steps = self.sweep(changed)

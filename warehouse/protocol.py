@@ -106,6 +106,8 @@ class ViewProtocol:
     rpu: dict[int, Unit] = field(default_factory=dict)
     committed: set[int] = field(default_factory=set)
     watermark: int = 0
+    # numbered units not visible at W yet: order -> when the oldest of their updates arrived
+    arrived: dict[int, float] = field(default_factory=dict)
 
     # -- AssignTimeStamp: an update arrives ----------------------------------------------
     def receive(self, update: ViewUpdate) -> None:
@@ -136,11 +138,18 @@ class ViewProtocol:
         """Put a unit that was started before a restart back in the PPU, same order number."""
         self.ppu[unit.order] = unit
         self.next_order = max(self.next_order, unit.order + 1)
+        self._arrived(unit)
 
     def _number(self, unit: Unit) -> Unit:
         self.next_order += 1
         self.ppu[unit.order] = unit
+        self._arrived(unit)
         return unit
+
+    def _arrived(self, unit: Unit) -> None:
+        times = [u.received_at for u in unit.updates if u.received_at is not None]
+        if times and unit.order > self.watermark:
+            self.arrived[unit.order] = min(times)
 
     # -- isConcurrent: what an answer must have subtracted ---------------------------------
     def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
@@ -172,6 +181,7 @@ class ViewProtocol:
         """Put a unit finished before a restart into the RPU (recovery)."""
         self.rpu[unit.order] = unit
         self.next_order = max(self.next_order, unit.order + 1)
+        self._arrived(unit)
 
     def _clean_rpu(self) -> None:
         """Definition 2: a processed unit is unrelated once no unit with a smaller order
@@ -187,9 +197,16 @@ class ViewProtocol:
         while self.watermark + 1 in self.committed:
             self.watermark += 1
             self.committed.discard(self.watermark)
+            self.arrived.pop(self.watermark, None)
         return self.watermark
 
     # -- reading ------------------------------------------------------------------------------
+    def oldest_invisible(self) -> float | None:
+        """When the oldest update not visible at W arrived: queued, running, or maintained
+        (even committed out of order) above W. None when every received update is visible."""
+        queued = (u.received_at for u in self.umq if u.received_at is not None)
+        return min((*self.arrived.values(), *queued), default=None)
+
     @property
     def quiet(self) -> bool:
         """Nothing queued or running (the paper's quiet warehouse state)."""

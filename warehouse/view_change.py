@@ -6,6 +6,10 @@ at a time in SWEEP order. When an answer arrives, the protocol names the updates
 reflects that are ordered after this term; ``partial ⋈ ΔR`` of each is subtracted
 (ProcessSubQuery in the paper's Fig. 14). Terms of one unit run concurrently: each one's
 compensation is exact on its own, so their sum is the unit's effect.
+
+Every subquery carries the time its unit started as its priority: a source with more
+subqueries waiting than it answers at once serves the oldest unit first
+(``wrappers.priority``).
 """
 
 from __future__ import annotations
@@ -41,25 +45,26 @@ class ViewChange:
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
-        effects = await asyncio.gather(*(self._sweep(unit, term, stats) for term in unit.terms()))
+        started = time.time()
+        effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats
 
-    async def _sweep(self, unit: Unit, term: int, stats: ChangeStats) -> ZSet:
+    async def _sweep(self, unit: Unit, term: int, started: float, stats: ChangeStats) -> ZSet:
         changed = None if term == INITIAL_TERM else term
         partial = ZSet.unit() if changed is None else unit.delta(changed)
         for step in self.plan.sweep(changed):
             if not partial:
                 return ZSet()
-            partial = await self._process_subquery(unit, term, step, partial, stats)
+            partial = await self._process_subquery(unit, term, step, partial, started, stats)
         return partial.map_rows(self.plan.projection(changed))
 
     async def _process_subquery(
-        self, unit: Unit, term: int, step: SweepStep, partial: ZSet, stats: ChangeStats
+        self, unit: Unit, term: int, step: SweepStep, partial: ZSet, priority: float, stats: ChangeStats
     ) -> ZSet:
         relation = self.plan.relations[step.relation]
         keys = distinct_keys(partial, step)
         started = time.perf_counter()
-        answer = await self.sources[relation.source].subquery(self._request(step, keys))
+        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority))
         stats.subqueries += 1
         stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
         result = extend(partial, step, keys, _answer_rows(answer, len(keys), len(relation.columns)))
@@ -68,7 +73,7 @@ class ViewChange:
             stats.compensations += 1
         return result
 
-    def _request(self, step: SweepStep, keys: list[tuple]) -> Subquery:
+    def _request(self, step: SweepStep, keys: list[tuple], priority: float) -> Subquery:
         relation = self.plan.relations[step.relation]
         shipped = {col: expr.Col(KEY_RELATION, f"k{i}") for i, col in enumerate(step.keys)}
         on = expr.substitute(step.on, shipped) if step.on is not None else None
@@ -79,6 +84,7 @@ class ViewChange:
             on=expr.to_wire(on) if on is not None else None,
             where=expr.to_wire(relation.where) if relation.where is not None else None,
             select=list(relation.columns),
+            priority=priority,
         )
 
 

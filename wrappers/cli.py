@@ -18,8 +18,8 @@ APPLICATION_TOKEN_ENV = "PVM_APPLICATION_TOKEN"
 CAPTURE_HELP = """capture methods (--capture):
   trigger      triggers write every committed row change to an outbox table in the source
                (SQLite, PostgreSQL, MariaDB/MySQL InnoDB); sees inserts, updates, deletes and
-               key changes, one source transaction per update; needs the right to create
-               tables and triggers. MariaDB: TRUNCATE is not captured.
+               key changes of committed transactions only; needs the right to create tables
+               and triggers. MariaDB: TRUNCATE is not captured.
   timestamp    polls a last-modified column (--timestamp-column) into a replica kept in the
                state directory (Carnes TS); needs a primary key; installs nothing. Limits:
                TS cannot see deletes (deleted rows stay in the views) and reports a key
@@ -39,9 +39,23 @@ CAPTURE_HELP = """capture methods (--capture):
                the views trail the source by up to one interval. --diff-algorithm auto uses
                the window algorithm while records stay near their previous positions,
                else the partitioned hash with --checksum-bits checksums (a changed record
-               is missed with probability 2**-bits).
+               is missed with probability 2**-bits). --diff-algorithm range-checksums
+               (Carnes ID/RCS, a live --url with integer keys) keeps one checksum per key
+               range of --range-rows rows, computed by the database, and reads and
+               differences only the ranges whose checksum changed.
 timestamp, application and snapshot capture answer subqueries from the replica, which holds
-exactly the shipped updates (see docs/capture.md)."""
+exactly the shipped updates (see docs/capture.md).
+
+updates: every --poll-interval the wrapper reads, in one snapshot, everything committed since
+its previous read and ships it as ONE update: whole source transactions only (a transaction
+is never split), but all those one read sees are merged, so an update may hold several
+(PostgreSQL names the transaction, txid, when an update holds exactly one). Only a backlog
+above 100,000 changes is cut into several updates (logged; PostgreSQL cuts between
+transactions, SQLite and MariaDB may cut inside one). Timestamp and snapshot capture make one
+update of each pull (every change that pull saw); application capture merges the
+transactions posted since the previous read. While the manager is down, capture goes on
+(trigger changes wait in the outbox, pulls and application posts go into the replica) and
+everything ships, in seq order, once it is back."""
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
 
 
@@ -96,6 +110,8 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="timestamp capture: longest time between stamping a row and committing it (default: 5)",
     )
+    from wrappers.capture.snapshots import ALGORITHMS
+
     snapshot = parser.add_argument_group("snapshot capture")
     snapshot.add_argument("--dump-dir", type=Path, help="read <table>.csv or <table>.parquet dumps from this directory instead of --url")
     snapshot.add_argument(
@@ -108,9 +124,10 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     snapshot.add_argument("--snapshot-interval", type=_positive_float, help="seconds between two snapshots (default: 60)")
     snapshot.add_argument(
-        "--diff-algorithm", choices=["auto", "window", "partitioned-hash", "sort-merge"],
+        "--diff-algorithm", choices=ALGORITHMS,
         help="the differential algorithm (default: auto)",
     )  # fmt: skip
+    snapshot.add_argument("--range-rows", type=_positive_int, help="range-checksums: rows per key range (default: 10000)")
     snapshot.add_argument("--diff-memory-mb", type=_positive_int, help="memory of a differential, beyond which it spills to disk (default: 256)")
     snapshot.add_argument("--aging-records", type=_positive_int, help="window algorithm: records each aging buffer holds (default: 65536)")
     snapshot.add_argument("--checksum-bits", type=_positive_int, help="partitioned hash: bits of each record's checksum (default: 64)")
@@ -197,6 +214,7 @@ def _tables(text: str) -> tuple[str, ...]:
 _SNAPSHOT_FLAGS = {
     "dump_dir": "dump_dir", "snapshot_interval": "interval", "diff_algorithm": "algorithm",
     "diff_memory_mb": "memory_mb", "aging_records": "aging_records", "checksum_bits": "checksum_bits",
+    "range_rows": "range_rows",
 }  # fmt: skip
 
 

@@ -22,13 +22,16 @@ columns are typed after the relation column they are compared with (else after t
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateTable
 
 from api.schemas import KEY_RELATION, Subquery
 from warehouse.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
@@ -50,12 +53,25 @@ class _Untyped(sa.types.UserDefinedType):
 
 
 @dataclass(frozen=True)
-class PreparedQuery:
-    """A validated subquery: its keys, the TEMP table for them and the join statement."""
+class QueryShape:
+    """What a subquery compiles to apart from its key values: the TEMP table for the keys and
+    the join statement. Subqueries of one SWEEP step of one view share a shape, so it is
+    built and validated once (``_shape`` caches it) and SQLAlchemy reuses the compiled SQL.
 
-    keys: list[list[Any]]
+    The TEMP table is named after the shape. TEMP tables are private to a connection, which
+    runs one subquery at a time; SQLite and PostgreSQL drop the table when the snapshot's
+    transaction ends, and MariaDB's (which outlive it) are dropped before and after use."""
+
     key_table: sa.Table
     statement: sa.Select
+
+
+@dataclass(frozen=True)
+class PreparedQuery:
+    """A validated subquery: its keys and its shape."""
+
+    keys: list[list[Any]]
+    shape: QueryShape
 
 
 def prepare(subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite") -> PreparedQuery:
@@ -65,21 +81,51 @@ def prepare(subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite") -
         raise InvalidRequest(f"alias {KEY_RELATION!r} is reserved for the keys")
     table = schema.table(subquery.relation)
     table.check_columns(subquery.select)
-    on = _parse(subquery.on, "on")
-    where = _parse(subquery.where, "where")
-    if dialect in _BINARY_COLLATION:
-        on, where = _escape_backslashes(on), _escape_backslashes(where)
+    on_json, where_json = _canonical(subquery.on), _canonical(subquery.where)
+    on, where = _clauses(on_json, where_json, dialect)
     width = len(subquery.keys[0]) if subquery.keys else _key_width(on)
     if any(len(k) != width for k in subquery.keys):
         raise InvalidRequest("all keys must have the same number of columns")
-    key_names = [f"k{j}" for j in range(width)]
-    key_types = (
-        [_key_type(dialect, j, subquery, table, on) for j in range(width)]
-        if dialect in _BINARY_COLLATION
-        else [_Untyped()] * width
+    families = (
+        tuple(_key_family(j, subquery, table, on) for j in range(width)) if dialect in _BINARY_COLLATION else None
     )
+    shape = _shape(table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect)
+    return PreparedQuery(subquery.keys, shape)
+
+
+def _canonical(wire: dict[str, Any] | None) -> str | None:
+    try:
+        return json.dumps(wire, sort_keys=True) if wire is not None else None
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"malformed expression: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _clauses(on_json: str | None, where_json: str | None, dialect: str) -> tuple[Expr | None, Expr | None]:
+    on = _parse(json.loads(on_json) if on_json is not None else None, "on")
+    where = _parse(json.loads(where_json) if where_json is not None else None, "where")
+    if dialect in _BINARY_COLLATION:
+        on, where = _escape_backslashes(on), _escape_backslashes(where)
+    return on, where
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(
+    table: TableSchema,
+    alias: str,
+    on_json: str | None,
+    where_json: str | None,
+    select: tuple[str, ...],
+    width: int,
+    families: tuple[Family, ...] | None,
+    dialect: str,
+) -> QueryShape:
+    on, where = _clauses(on_json, where_json, dialect)
+    key_names = [f"k{j}" for j in range(width)]
+    key_types = [_KEY_TYPES[dialect][f] for f in families] if families is not None else [_Untyped()] * width
+    digest = hashlib.sha1(repr((table, alias, on_json, where_json, select, width, families)).encode()).hexdigest()
     key_table = sa.Table(
-        f"_pvm_keys_{uuid.uuid4().hex}",
+        f"_pvm_keys_{digest[:20]}",
         sa.MetaData(),
         sa.Column("_k", sa.Integer, primary_key=True, autoincrement=False),  # MariaDB: 0 is a key, not "next"
         *(sa.Column(name, key_type) for name, key_type in zip(key_names, key_types)),
@@ -98,34 +144,43 @@ def prepare(subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite") -
             if col.name not in key_names:
                 raise InvalidRequest(f"unknown key column {col.name!r} (the keys have {width} columns)")
             return key_table.c[col.name]
-        if col.relation != subquery.alias:
-            raise InvalidRequest(f"unknown relation {col.relation!r} (this subquery reads {subquery.alias!r})")
+        if col.relation != alias:
+            raise InvalidRequest(f"unknown relation {col.relation!r} (this subquery reads {alias!r})")
         table.check_columns([col.name])
         return column(col.name)
 
-    selected = [column(name) for name in subquery.select]
+    selected = [column(name) for name in select]
     join = key_table.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
     statement = sa.select(key_table.c["_k"], *selected, sa.func.count()).select_from(join)
     if where is not None:
         statement = statement.where(to_sqlalchemy(where, resolve))
     statement = statement.group_by(key_table.c["_k"], *selected)
-    return PreparedQuery(subquery.keys, key_table, statement)
+    return QueryShape(key_table, statement)
+
+
+@functools.lru_cache(maxsize=256)
+def _create_sql(shape: QueryShape, dialect: sa.Dialect) -> str:
+    return str(CreateTable(shape.key_table).compile(dialect=dialect))
 
 
 def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     """Run ``query`` in ``conn``'s transaction; rows are ``[key index, *values, count]``.
 
     The TEMP table lives in the connection's temp schema, so writing it does not end the
-    read snapshot of the main database; it disappears when the transaction rolls back.
+    read snapshot of the main database.
     """
     if not query.keys:
         return []
-    query.key_table.create(conn)
-    names = [c.name for c in query.key_table.columns][1:]
-    conn.execute(query.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
-    rows = [[wire_value(v) for v in row] for row in conn.execute(query.statement)]
-    if conn.dialect.name in _MARIADB:
-        query.key_table.drop(conn)  # MariaDB's TEMPORARY tables outlive a rollback
+    shape = query.shape
+    mariadb = conn.dialect.name in _MARIADB
+    if mariadb:  # left behind if an earlier subquery on this connection failed midway
+        conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")
+    conn.exec_driver_sql(_create_sql(shape, conn.dialect))
+    names = [c.name for c in shape.key_table.columns][1:]
+    conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
+    rows = [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
+    if mariadb:
+        conn.exec_driver_sql(f"DROP TEMPORARY TABLE {shape.key_table.name}")
     return rows
 
 
@@ -146,7 +201,7 @@ def _key_width(on: Expr | None) -> int:
 class _Binary(sa.sql.expression.ColumnElement[Any]):
     """A text column compared, grouped and selected under a binary collation."""
 
-    inherit_cache = False  # every subquery statement is new anyway (its TEMP table name is)
+    inherit_cache = False  # no cache key of its own: PostgreSQL and MariaDB statements compile each time
 
     def __init__(self, column: Any, collation: str) -> None:
         self.column = column
@@ -206,8 +261,8 @@ _ACCEPTS: dict[Family, tuple[type, ...]] = {
 }
 
 
-def _key_type(dialect: str, j: int, subquery: Subquery, table: TableSchema, on: Expr | None) -> Any:
-    """The SQL type of key column ``k<j>``: the family of the relation column ``on`` compares
+def _key_family(j: int, subquery: Subquery, table: TableSchema, on: Expr | None) -> Family:
+    """The type family of key column ``k<j>``: that of the relation column ``on`` compares
     it with, else of its values. InvalidRequest if a value does not fit that family."""
     family = _compared_family(on, f"k{j}", subquery.alias, table)
     values = [k[j] for k in subquery.keys if k[j] is not None]
@@ -222,7 +277,7 @@ def _key_type(dialect: str, j: int, subquery: Subquery, table: TableSchema, on: 
     bad = [v for v in values if not isinstance(v, _ACCEPTS[family]) or (family == "integer" and isinstance(v, bool))]
     if bad:
         raise InvalidRequest(f"key column k{j} holds {bad[0]!r}, which cannot be compared with a {family} column")
-    return _KEY_TYPES[dialect][family]
+    return family
 
 
 def _value_family(value: Any) -> Family:

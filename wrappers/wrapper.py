@@ -1,19 +1,29 @@
 """The wrapper of one source: capture, ship, answer subqueries, keep the Interest.
 
-The capture lock serializes everything that assigns seqs: a poll's capture, a subquery's
-snapshot and capture, an Interest change. The ship lock makes the polling loop and the
-subqueries ship one at a time. That is what makes invariant 3 hold (DESIGN.md): a subquery
-opens its snapshot and captures under the capture lock, so every change captured earlier is
-visible in it, every change visible in it gets a seq <= its watermark, and every seq
-assigned later is above it; it then ships until all of them are acknowledged. An Interest
-change takes only the capture lock: it needs seqs, not acknowledgments, so it never waits
-for a manager that is not taking updates (one that is still starting, say).
+The capture lock serializes everything that assigns seqs: a poll's capture, a pull's
+capture, a subquery's snapshot and capture, an Interest change. The ship lock makes the
+ship loop and the subqueries ship one at a time. That is what makes invariant 3 hold
+(DESIGN.md): a subquery opens its snapshot and captures under the capture lock, so every
+change captured earlier is visible in it, every change visible in it gets a seq <= its
+watermark, and every seq assigned later is above it; it then ships until all of them are
+acknowledged. An Interest change takes only the capture lock: it needs seqs, not
+acknowledgments, so it never waits for a manager that is not taking updates (one that is
+still starting, say).
 
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
 delete committed still shows those rows, and must still find their ids remembered.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
+
+Two loops run. The ship loop captures, ships everything pending (retrying for as long as
+the manager is down, holding the ship lock) and deletes acknowledged changes. The pull
+loop polls a timestamp or snapshot source into the replica (``capture.pull``) and then
+captures the replica's new changes under the capture lock alone, so pulling and seq
+assignment go on while shipping waits for a manager that is down: the pending updates
+grow, durably, and ship once it is back. The pull itself assigns no seq: it is one
+replica transaction, which the next capture (under the capture lock) turns into an
+update like any committed source transaction.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +44,7 @@ from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.interest import ChangeFilter
+from wrappers.priority import PriorityLimiter
 from wrappers.replica import RowChange
 from wrappers.shipper import Shipper
 from wrappers.snapshot import Snapshot
@@ -93,27 +104,36 @@ class Wrapper:
             raise
         self._lock = asyncio.Lock()  # shipping
         self._capture_lock = asyncio.Lock()  # seq assignment
-        self._queries = asyncio.Semaphore(config.max_concurrent_queries)
+        self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
         self._shipped_through = self.state.acked_through
         self._deleted_through = 0
         self._client: httpx.AsyncClient | None = None
         self._shipper: Shipper | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._puller: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         """Start shipping: pending updates from an earlier run go first, with their seqs."""
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
         self._shipper = Shipper(self.config.source, self.config.manager_url, self._client, self.config.token)
-        self._poller = asyncio.create_task(self._poll_forever(), name=f"pvm-wrapper-{self.config.source}")
+        self._poller = asyncio.create_task(
+            self._forever(self.ship_once, "capturing and shipping"), name=f"pvm-wrapper-{self.config.source}"
+        )
+        if self.capture.pull is not None:
+            self._puller = asyncio.create_task(
+                self._forever(self.pull_once, "pulling the source into the replica"),
+                name=f"pvm-wrapper-{self.config.source}-pull",
+            )
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            try:
-                await self._poller
-            except asyncio.CancelledError:
-                pass
+        for task in (self._puller, self._poller):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self._client is not None:
             await self._client.aclose()
         self.state.close()
@@ -121,9 +141,15 @@ class Wrapper:
 
     # -- SendUpdates -------------------------------------------------------------------------
     async def poll_once(self) -> None:
+        """One round of both loops: capture, ship and delete (``ship_once``), then pull the
+        source into the replica and capture that (``pull_once``)."""
+        await self.ship_once()
+        await self.pull_once()
+
+    async def ship_once(self) -> None:
         """Capture what committed since the last poll, ship everything pending, then delete
-        acknowledged changes from the outbox; with timestamp or snapshot capture, finally
-        poll the source into the replica (a source that is down then delays nothing else)."""
+        acknowledged changes from the outbox. While the manager is down this waits (holding
+        the ship lock) until it takes the updates."""
         async with self._lock:
             async with self._capture_lock:
                 await asyncio.to_thread(self._capture_now)
@@ -133,21 +159,29 @@ class Wrapper:
                     await asyncio.to_thread(self._delete_acknowledged_ids)
         if self._ordered:
             await asyncio.to_thread(self._delete_acknowledged)
-        if self.capture.pull is not None:
-            await asyncio.to_thread(self.capture.pull)
 
-    async def _poll_forever(self) -> None:
+    async def pull_once(self) -> None:
+        """Timestamp and snapshot capture: poll the source into the replica, then capture the
+        replica's new changes as the next update (capture lock only: never waits for shipping,
+        and a source that is down delays no shipping). Nothing to do for other methods."""
+        if self.capture.pull is None:
+            return
+        await asyncio.to_thread(self.capture.pull)
+        async with self._capture_lock:
+            await asyncio.to_thread(self._capture_now)
+
+    async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
         failing = False
         while True:
             try:
-                await self.poll_once()
+                await step()
                 if failing:
-                    log.info("polling %s works again", self.config.source)
+                    log.info("%s (source %s) works again", what, self.config.source)
                     failing = False
             except Exception:
                 # Keep running (the source may be locked or briefly unavailable); log a streak once.
                 if not failing:
-                    log.exception("polling %s failed; retrying every %.2f s", self.config.source, self.config.poll_interval)
+                    log.exception("%s (source %s) failed; retrying every %.2f s", what, self.config.source, self.config.poll_interval)
                     failing = True
             await asyncio.sleep(self.config.poll_interval)
 
@@ -214,7 +248,7 @@ class Wrapper:
                 snapshot.close()
                 raise
         try:
-            async with self._queries:
+            async with self._queries.admit(subquery.priority):
                 if self.config.query_delay_ms:
                     await asyncio.sleep(self.config.query_delay_ms / 1000)
                 rows = await snapshot.run(lambda conn: query.evaluate(conn, prepared))
@@ -250,9 +284,12 @@ class Wrapper:
             return InterestAck(boundary=self.state.last_seq)
 
     # -- reports ----------------------------------------------------------------------------------
+    def _loops(self) -> list[asyncio.Task[None] | None]:
+        return [self._poller, self._puller] if self.capture.pull is not None else [self._poller]
+
     def health(self) -> dict[str, object]:
         return {
-            "ok": self._poller is not None and not self._poller.done(),
+            "ok": all(t is not None and not t.done() for t in self._loops()),
             "source": self.config.source,
             "last_seq": self.state.last_seq,
             "shipped_through": self._shipped_through,

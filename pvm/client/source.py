@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from api.schemas import CAPTURE_METHODS
+from pvm.cli import CliError
 from pvm.client import Api, comma_list, connection_options, done, print_fields, print_json, print_table
 
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
@@ -15,11 +17,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add = sub.add_parser(
         "add",
         help="register a source whose wrapper runs",
-        description="Register a source: the manager reads the schema of its captured tables from the wrapper.",
+        description="Register a source: the manager reads the schema of its captured tables from the wrapper "
+        "(which must be running) and checks that the wrapper runs the capture method given.",
     )
     add.add_argument("name", help="the source's name (as the wrapper's --source)")
-    add.add_argument("--wrapper-url", required=True, help="the wrapper's address, e.g. http://127.0.0.1:8101")
-    add.add_argument("--capture", default="trigger", help="the wrapper's capture method (default: trigger)")
+    add.add_argument(
+        "--url",
+        "--wrapper-url",
+        dest="wrapper_url",
+        metavar="URL",
+        required=True,
+        help="the wrapper's HTTP address, e.g. http://127.0.0.1:8101 (not the source database's URL, "
+        "which only the wrapper is given: `pvm wrapper run --url`)",
+    )
+    add.add_argument(
+        "--capture",
+        default="trigger",
+        choices=CAPTURE_METHODS,
+        help="the wrapper's capture method (default: trigger); refused if the wrapper reports another",
+    )
     add.add_argument("--tables", default=None, help="comma-separated tables to use (default: every captured table)")
     add.add_argument(
         "--manager-token",
@@ -36,6 +52,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with Api(args) as api:
         if args.source_command == "add":
+            if not args.wrapper_url.startswith(("http://", "https://")):
+                raise CliError(
+                    f"--url is the wrapper's HTTP address (e.g. http://127.0.0.1:8101), not {args.wrapper_url!r}; "
+                    "the source database's URL goes to the wrapper (`pvm wrapper run --url`)"
+                )
             body = {"name": args.name, "wrapper_url": args.wrapper_url, "capture": args.capture, "tables": comma_list(args.tables)}
             if args.manager_token:
                 body["manager_token"] = args.manager_token

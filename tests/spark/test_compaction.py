@@ -215,3 +215,31 @@ def test_compactor_thread_runs_in_the_background(spark_store: SparkStore, view: 
     finally:
         compactor.stop()
     assert spark_store.read(view) == before
+
+
+def test_serve_keeps_old_versions_past_the_query_timeout(
+    spark: SparkSession, tmp_path: Path, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pvm serve``'s store keeps a compacted-away version at least as long as an analyst's
+    REST query may run (``QUERY_TIMEOUT_S``) and deletes it once that time is up."""
+    from api.analyst import QUERY_TIMEOUT_S
+    from pvm.serve import catalog_url, open_store
+
+    store = open_store("spark", tmp_path, None, catalog_url(tmp_path, None))
+    try:
+        assert store._retire_after_s >= QUERY_TIMEOUT_S
+        store.create(view, ["k", "name"])
+        store.commit(view, [effect(1), effect(2)])
+        store.publish(view, 2)
+        old = store._state(view).meta
+        assert store.compact(view)
+        clock = time.time()
+        monkeypatch.setattr(time, "time", lambda: clock + QUERY_TIMEOUT_S)
+        store.zlog_stats(view)  # the compactor's check retires what is due
+        assert Path(old.base_location).exists() and Path(old.zlog_location).exists()
+        monkeypatch.setattr(time, "time", lambda: clock + store._retire_after_s + 1)
+        store.zlog_stats(view)
+        assert not Path(old.base_location).exists() and not Path(old.zlog_location).exists()
+    finally:
+        monkeypatch.undo()
+        store.drop(view)

@@ -13,11 +13,13 @@ session catalog, which is why the store publishes each view as a catalog view ra
 temporary one. Spark Connect has no authorization of its own: whoever reaches the port can run
 any Spark code, so the server listens on the loopback interface unless told otherwise, and a
 token (``spark.connect.authenticate.token``) can be required from clients, who then connect with
-``sc://HOST:PORT/;token=…`` (gRPC sends a token only over TLS or to ``localhost``).
+``sc://HOST:PORT/;token=…`` (gRPC sends a token only over TLS or to ``localhost``). A server on
+any other interface than loopback is refused without a token.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -55,11 +57,38 @@ def _service(spark: SparkSession):
     return cls.getField("MODULE$").get(None)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only the loopback interface: ``localhost`` or a loopback address
+    literal. Anything else (``0.0.0.0``, ``::``, a host name, an external address) may be
+    reachable from other machines."""
+    if host.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, token: str | None) -> str | None:
+    """Why a Spark Connect server on ``host`` must not start with ``token``; None if it may."""
+    if token or is_loopback(host):
+        return None
+    return (
+        f"Spark Connect would listen on {host!r}, which is not the loopback interface, without a "
+        "token: it has no authorization of its own, so anyone who reaches the port could run any "
+        "code in the manager's Spark application"
+    )
+
+
 def start_connect_server(
     spark: SparkSession, host: str = "127.0.0.1", port: int = 15002, token: str | None = None
 ) -> ConnectServer:
     """Start (once per process) a Spark Connect server on ``spark``'s application and return
-    its address; ``port`` 0 picks a free port. A second call returns the running server."""
+    its address; ``port`` 0 picks a free port. A second call returns the running server.
+    A server on a non-loopback ``host`` needs a ``token`` (ConnectError otherwise)."""
+    problem = exposure_problem(host, token)
+    if problem is not None:
+        raise ConnectError(problem)
     service = _service(spark)
     if not service.started():
         conf = spark.sparkContext._jsc.sc().conf()  # the live SparkConf the service reads

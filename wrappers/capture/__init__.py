@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from api.schemas import CAPTURE_METHODS
 from wrappers.capture.base import CaptureDialect
 from wrappers.differential import SnapshotError
 from wrappers.errors import WrapperError
@@ -32,7 +33,7 @@ from wrappers.capture.snapshots import SnapshotOptions
 if TYPE_CHECKING:
     from wrappers.replica import Replica
 
-METHODS = ("trigger", "timestamp", "application", "snapshot")
+METHODS = CAPTURE_METHODS  # the wire schema names them, so that the manager knows them too
 
 
 def dialect_for(url: str) -> CaptureDialect:
@@ -201,6 +202,7 @@ def _snapshot_capture(
     """A replica fed by differencing snapshots of a database (``engine``) or of dump files."""
     from wrappers.capture import sqlite
     from wrappers.capture.differencing import SnapshotCapture
+    from wrappers.capture.ranges import RangeCapture
     from wrappers.capture.snapshots import DatabaseTables, database_schema
     from wrappers.replica import Replica
 
@@ -214,7 +216,11 @@ def _snapshot_capture(
         source = DatabaseTables(dialect, engine, database_schema(engine, tables, options.keys))
     replica = Replica(path, source.schema)
     try:
-        feeder = SnapshotCapture(source, replica, options, directory)
+        if options.algorithm == "range-checksums":
+            assert dialect is not None and engine is not None
+            feeder = RangeCapture(dialect, engine, source.schema, replica, options.interval, options.range_rows)
+        else:
+            feeder = SnapshotCapture(source, replica, options, directory)
         if not replica.loaded:
             try:
                 feeder.load()

@@ -22,7 +22,9 @@ files (and no change applied) or the new ones (and the changes applied); files i
 name are leftovers and are removed at start. A snapshot that cannot be differenced (a
 truncated or unreadable dump, a changed schema or key, a duplicate key) is reported in
 ``status()`` and the log, nothing is applied, and the kept snapshot stays for the next
-try; an unchanged bad dump is not read again.
+try; an unchanged bad dump is not read again. Duplicate keys are found whatever the
+algorithm and however far apart they are: the differential's changes are checked against
+the replica before they are applied (``_check_keys``).
 
 The algorithm is chosen per table (``SnapshotOptions.algorithm``). ``auto`` runs the window
 algorithm (both snapshots read once) while the records of the last two snapshots moved
@@ -38,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +143,9 @@ class SnapshotCapture:
             for table in due:
                 algorithms[table] = self._algorithm(table)
                 found, displacement[table] = self._difference(table, algorithms[table], files[table])
+                self._check_keys(table, found, files[table])
                 counts[table] = found.counts()
-                changes.extend(_row_changes(self._source.schema.tables[table], found))
+                changes.extend(row_changes(self._source.schema.tables[table], found))
             kept = {**self._kept, **{t: p.name for t, p in files.items()}}
             applied = {**self._signatures, **{t: signatures[t] for t in due}}
             self._replica.apply(changes, self._meta(kept, applied, displacement, generation))
@@ -193,6 +196,30 @@ class SnapshotCapture:
             result = sort_merge_diff(old, new, budget=budget, stats=stats)
         return result.changes, _max_displacement(old.positions, new.positions)
 
+    def _check_keys(self, table: str, changes: ChangeList, new_file: Path) -> None:
+        """SnapshotError if the new snapshot of ``table`` repeats a key, as ``changes`` show.
+
+        The outer-join algorithms find every duplicate key, the window algorithm only those
+        that meet in its buffers: a duplicate further away comes out as a second insert or
+        update of the key, or as an insert of a key the replica (the kept snapshot) still
+        has, unmatched and undeleted. Checking the changes against the replica finds those
+        too, for every algorithm, at the cost of one replica lookup per inserted key.
+        """
+        deleted: set[Key] = set()
+        written: set[Key] = set()
+        for change in changes:  # the deletes first
+            if change.kind == "delete":
+                deleted.add(change.key)
+            elif change.key in written:
+                raise _duplicate(change.key, table, new_file)
+            else:
+                written.add(change.key)
+        inserted = [c.key for c in changes.others if c.kind == "insert" and c.key not in deleted]
+        wire = {tuple(map(wire_value, key)): key for key in inserted}
+        present = self._replica.rows(table, wire)
+        if present:
+            raise _duplicate(wire[next(iter(present))], table, new_file)
+
     def _meta(self, files: dict[str, Any], signatures: dict[str, Any], displacement: dict[str, Any], generation: int) -> dict[str, str]:
         return {
             "snapshot_files": json.dumps({t: getattr(p, "name", p) for t, p in files.items()}),
@@ -238,13 +265,17 @@ class _Positions(Snapshot):
         return self.inner.fetch(pointers, stats)
 
 
+def _duplicate(key: Key, table: str, new_file: Path) -> SnapshotError:
+    return SnapshotError(f"duplicate key {key!r} in the new snapshot of {table!r} ({new_file.name})")
+
+
 def _max_displacement(old: dict[Key, int], new: dict[Key, int]) -> int | None:
     """The largest move, in records, of a sampled key present in both snapshots."""
     moves = [abs(p - new[k]) for k, p in old.items() if k in new]
     return max(moves) if moves else None
 
 
-def _row_changes(table: TableSchema, changes: ChangeList) -> Iterator[RowChange]:
+def row_changes(table: TableSchema, changes: ChangeList) -> Iterator[RowChange]:
     """Differential messages as replica changes (deletes first, as the algorithms send them)."""
     key_columns = table.primary_key
     rest_columns = [c for c in table.columns if c not in key_columns]
@@ -252,17 +283,13 @@ def _row_changes(table: TableSchema, changes: ChangeList) -> Iterator[RowChange]
         key = dict(zip(key_columns, map(wire_value, change.key)))
         if change.kind == "delete":
             yield RowChange(table.name, "delete", key=key)
+            continue
+        assert change.new is not None
+        row = {**key, **dict(zip(rest_columns, map(wire_value, change.new)))}
+        if change.kind == "insert":
+            yield RowChange(table.name, "insert", row=row)
         else:
-            row = {**key, **dict(zip(rest_columns, map(wire_value, _new(change))))}
-            if change.kind == "insert":
-                yield RowChange(table.name, "insert", row=row)
-            else:
-                yield RowChange(table.name, "update", key=key, row=row)
-
-
-def _new(change: Change) -> Sequence[Any]:
-    assert change.new is not None
-    return change.new
+            yield RowChange(table.name, "update", key=key, row=row)
 
 
 def _describe(counts: dict[str, int]) -> str:

@@ -34,7 +34,7 @@ from wrappers.differential import CsvSnapshot, ParquetSnapshot, RecordSnapshot, 
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema, TableSchema
 
-ALGORITHMS = ("auto", "window", "partitioned-hash", "sort-merge")
+ALGORITHMS = ("auto", "window", "partitioned-hash", "sort-merge", "range-checksums")
 DUMP_SUFFIXES = (".csv", ".parquet", ".pq")
 
 def _typed(convert: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -76,6 +76,7 @@ class SnapshotOptions:
     memory_mb: int = 256
     aging_records: int = 65536
     checksum_bits: int = 64
+    range_rows: int = 10_000
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -86,6 +87,10 @@ class SnapshotOptions:
             raise WrapperError("the differential's memory and aging buffer must be positive")
         if not 8 <= self.checksum_bits <= 512:
             raise WrapperError("checksum bits must be between 8 and 512")
+        if self.range_rows < 1:
+            raise WrapperError("rows per range must be at least 1")
+        if self.algorithm == "range-checksums" and self.dump_dir is not None:
+            raise WrapperError("range checksums query a live database by key range: give --url, not --dump-dir")
         for table, types in self.dump_types.items():
             unknown = sorted({t for t in types.values() if t not in DUMP_TYPES})
             if unknown:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 from wrappers.capture.base import OUTBOX, OutboxRow
 from wrappers.errors import WrapperError
@@ -58,11 +58,16 @@ def open_engine(url: str) -> sa.Engine:
     path = database_path(parsed)
     if not os.path.isfile(path):
         raise WrapperError(f"no such database file: {path}")
-    # NullPool: a connection per use is cheap for a file, and waiting subqueries each hold
-    # a snapshot connection, which a bounded pool could run out of. Each connection is used
-    # by one thread at a time, but it is not always the thread that opened it.
+    # Connections are kept for reuse (opening one costs more than a subquery's join), with
+    # no bound: waiting subqueries each hold a snapshot connection, which a bounded pool
+    # could run out of. Returning one rolls its transaction back, TEMP tables included.
+    # Each connection is used by one thread at a time, but not always the one that opened it.
     engine = sa.create_engine(
-        parsed, poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S}
+        parsed,
+        poolclass=QueuePool,
+        pool_size=8,
+        max_overflow=-1,
+        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
     )
 
     @sa.event.listens_for(engine, "connect")

@@ -20,7 +20,11 @@ buffers suffices), the output is exact. ``second_pass=True`` removes the pairs a
 (``second_pass.remove_useless_pairs``).
 
 Duplicate keys are detected when they meet in a window (the algorithm holds no more than
-its buffers); the outer-join algorithms detect all of them.
+its buffers); the outer-join algorithms detect all of them. Duplicates further apart come
+out as a second insert (or update) of the key, or as an insert of a key the old snapshot
+has and that was matched: a caller that holds the old snapshot's keys can tell them from
+the output, as snapshot capture does against its replica
+(``wrappers.capture.differencing.SnapshotCapture._check_keys``).
 
 >>> old = [((1,), ("a",)), ((2,), ("b",)), ((3,), ("c",)), ((4,), ("d",))]
 >>> new = [((2,), ("b",)), ((1,), ("a",)), ((4,), ("D",)), ((5,), ("e",))]
