@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,24 +87,36 @@ class LiveManager:
         return self.sources[name]
 
     def __enter__(self) -> LiveManager:
-        from pvm.serving import http_url, listen, uvicorn_server
-
-        sock = listen("127.0.0.1", 0)
-        self.url = http_url(sock)
-        self.server = uvicorn_server(self.app)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True)
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                return self
-            if not self.thread.is_alive():
-                break
-            threading.Event().wait(0.01)
-        raise RuntimeError("the manager did not start")
+        self.url, self._stop = serve_in_thread(self.app)
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self._stop()
 
     def auth(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
+    """Serve the ASGI ``app`` over real HTTP on a free loopback port from a thread; its URL
+    and a function that stops it."""
+    from pvm.serving import http_url, listen, uvicorn_server
+
+    sock = listen("127.0.0.1", 0)
+    server = uvicorn_server(app)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    for _ in range(2000):
+        if server.started:
+            break
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        threading.Event().wait(0.01)
+    else:
+        raise RuntimeError("the server did not start in 20 s")
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(30)
+
+    return http_url(sock), stop

@@ -4,17 +4,15 @@ errors printed as ``pvm: error: <message>`` with a non-zero exit status."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
 from pvm.cli import main
-from tests.api_support import VIEW, LiveManager
+from tests.api_support import VIEW, LiveManager, serve_in_thread
 
 
 def pvm(capsys, *argv: str) -> tuple[int, str, str]:
@@ -179,19 +177,11 @@ class FakeWrapper:
         self.app = app
 
     def __enter__(self) -> FakeWrapper:
-        from pvm.serving import http_url, listen, uvicorn_server
-
-        sock = listen("127.0.0.1", 0)
-        self.url = http_url(sock)
-        self.server = uvicorn_server(self.app)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.server.started)
+        self.url, self._stop = serve_in_thread(self.app)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self._stop()
 
 
 def closed_port_url() -> str:
