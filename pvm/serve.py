@@ -143,13 +143,11 @@ def check_connect_exposure(args: argparse.Namespace) -> None:
 
 def start_spark_services(store, args: argparse.Namespace) -> list:
     """The Spark store's companions: background compaction, and the Spark Connect server
-    analysts query the views through (its address goes to stdout). Returns their stoppers."""
+    analysts query the views through (its address goes to stdout). Returns their stoppers.
+    ``check_options`` has vetted ``args``."""
     from warehouse.store.compaction import Compactor
     from warehouse.store.spark_connect import ConnectError, start_connect_server, stop_connect_server
 
-    if args.compaction_interval <= 0:
-        raise CliError("--compaction-interval must be positive")
-    check_connect_exposure(args)
     compactor = Compactor(store, interval_s=args.compaction_interval)
     compactor.start()
     stoppers = [compactor.stop]

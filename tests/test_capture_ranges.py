@@ -19,7 +19,7 @@ from wrappers.capture.ranges import RangeCapture
 from wrappers.capture.snapshots import SnapshotOptions, database_schema
 from wrappers.process import start_wrapper
 from wrappers.errors import WrapperError
-from wrappers.replica import Replica
+from wrappers.replica import META, Replica
 
 ROWS = 300
 PER_RANGE = 20
@@ -161,3 +161,26 @@ def test_a_wrapper_process_ships_what_the_range_checksums_find(pg_url: str, tmp_
 def test_range_checksums_need_a_live_database(tmp_path: Path) -> None:
     with pytest.raises(WrapperError, match="give --url, not --dump-dir"):
         SnapshotOptions(algorithm="range-checksums", dump_dir=tmp_path)
+
+
+@pytest.mark.servers
+def test_a_copy_loaded_without_its_ranges_is_read_whole_once(source_url: str, tmp_path: Path) -> None:
+    """A crash between loading the copy and recording its ranges: the next refresh reads the
+    table once, ships only the real changes, and records ranges again."""
+    capture, replica, source = _capture(source_url, tmp_path)
+    try:
+        with replica.engine.begin() as conn:
+            conn.exec_driver_sql(f"DELETE FROM {META} WHERE key = 'range_checksums'")
+        dialect = dialect_for(source_url)
+        schema = database_schema(source, ["items"], {})
+        again = RangeCapture(dialect, source, schema, replica, interval=0.001, rows_per_range=PER_RANGE)
+        run_sql(source_url, "UPDATE items SET qty = -1 WHERE id = 4")
+        again.pull()
+        status = again.status()
+        assert status["last_error"] is None
+        assert status["last_changes"]["items"] == {"insert": 0, "update": 1, "delete": 0}
+        assert status["rows_shipped"] == ROWS and status["ranges"]["items"] == ROWS // PER_RANGE
+        assert _contents(replica.engine) == _contents(source)
+    finally:
+        replica.close()
+        source.dispose()

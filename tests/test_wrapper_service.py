@@ -324,3 +324,24 @@ def test_command_line_errors_and_install(db: Path, manager: FakeManager, capsys:
 def outbox_table_count(db: Path) -> int:
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE '_pvm%'").fetchone()[0]
+
+
+def test_a_busy_source_answers_the_oldest_unit_first(db: Path, manager: FakeManager) -> None:
+    """With q = 1 and subqueries waiting, the smallest priority (the oldest unit) goes next."""
+    finished: list[float] = []
+
+    def ask(client: httpx.Client, priority: float) -> None:
+        body = {**_subquery([[1]], None, ["id"]), "priority": priority}
+        assert client.post("/v1/subquery", json=body, timeout=30).status_code == 200
+        finished.append(priority)
+
+    with start(db, manager, query_delay_ms=300, max_concurrent_queries=1) as wrapper:
+        with httpx.Client(base_url=wrapper.url) as client:
+            threads = []
+            for priority in (5.0, 9.0, 1.0):  # the first holds the source; then a young and an old unit wait
+                threads.append(threading.Thread(target=ask, args=(client, priority)))
+                threads[-1].start()
+                time.sleep(0.1)
+            for t in threads:
+                t.join(30)
+    assert finished == [5.0, 1.0, 9.0]

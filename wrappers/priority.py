@@ -40,13 +40,9 @@ class PriorityLimiter:
         self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
 
-    @property
-    def waiting(self) -> int:
-        return sum(1 for _, _, f in self._waiting if not f.done())
-
     @asynccontextmanager
     async def admit(self, priority: float = 0.0) -> AsyncIterator[None]:
-        if self._free > 0 and not self.waiting:
+        if self._free > 0:  # free slots only exist while nobody waits (_release hands them on)
             self._free -= 1
         else:
             slot = asyncio.get_running_loop().create_future()

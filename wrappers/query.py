@@ -60,7 +60,7 @@ class QueryShape:
 
     The TEMP table is named after the shape. TEMP tables are private to a connection, which
     runs one subquery at a time; SQLite and PostgreSQL drop the table when the snapshot's
-    transaction ends, and MariaDB's (which outlive it) are dropped before and after use."""
+    transaction ends, and MariaDB's (which outlive it) are dropped after use, failed or not."""
 
     key_table: sa.Table
     statement: sa.Select
@@ -172,16 +172,14 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     if not query.keys:
         return []
     shape = query.shape
-    mariadb = conn.dialect.name in _MARIADB
-    if mariadb:  # left behind if an earlier subquery on this connection failed midway
-        conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")
     conn.exec_driver_sql(_create_sql(shape, conn.dialect))
-    names = [c.name for c in shape.key_table.columns][1:]
-    conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
-    rows = [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
-    if mariadb:
-        conn.exec_driver_sql(f"DROP TEMPORARY TABLE {shape.key_table.name}")
-    return rows
+    try:
+        names = [c.name for c in shape.key_table.columns][1:]
+        conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
+        return [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
+    finally:
+        if conn.dialect.name in _MARIADB:  # its TEMPORARY tables outlive the transaction
+            conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")
 
 
 def _parse(wire: dict[str, Any] | None, clause: str) -> Expr | None:

@@ -173,7 +173,9 @@ class RangeCapture:
         conn = self._dialect.begin_snapshot(self._engine)
         try:
             for name, table in self._schema.tables.items():
-                kept = self._ranges[name]
+                # no ranges yet (a crash between loading the copy and recording its ranges):
+                # one range whose checksum never matches, read whole and split on the way
+                kept = self._ranges.get(name) or TableRanges([], [""])
                 bounds: list[tuple[int, ...]] = []
                 sums: list[str] = []
                 found: list[ChangeList] = []
