@@ -209,12 +209,15 @@ async def test_arrival_mode_commits_in_order(tmp_path):
 
 async def test_out_of_order_mode_commits_out_of_order(tmp_path):
     """The PVM default commits as soon as an effect is ready: with random subquery delays,
-    some later unit is committed before an earlier one (and the result is still right)."""
+    some later unit is committed before an earlier one (and the result is still right).
+    Whether a schedule shows it depends on timing, so up to 20 schedules are tried."""
     seen_disorder = False
-    for seed in range(6):
+    for seed in range(20):
         orders, ok = await commit_sequence(tmp_path, "out_of_order", seed)
         assert ok
-        seen_disorder |= orders != sorted(orders)
+        seen_disorder = orders != sorted(orders)
+        if seen_disorder:
+            break
     assert seen_disorder
 
 
