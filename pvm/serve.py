@@ -20,6 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="where views live: Spark tables, or in memory for quick runs (default: spark)")
     parser.add_argument("--spark-master", default=None, help="Spark master URL (default: embedded local[*])")
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting for the service's session, e.g. spark.driver.memory=4g; repeatable (overrides the service's defaults)",
+    )
     parser.add_argument("--connect-host", default=None, help="interface of the Spark Connect server for analysts (default: --host)")
     parser.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port; 0 picks a free one, -1 starts no server (default: 15002)")
     parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
@@ -38,7 +42,7 @@ def catalog_url(data_dir: Path, catalog: str | None) -> str:
     return f"sqlite:///{(data_dir / 'catalog.db').resolve()}"
 
 
-def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
+def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None):
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
@@ -48,7 +52,7 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str):
     from warehouse.store.spark_session import get_spark
 
     spark_dir = data_dir / "spark"
-    spark = get_spark(master, spark_dir / "warehouse")
+    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retention_s())
 
 
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(args.store, args.data_dir, args.spark_master, url)
+    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_settings(args.spark_conf))
     background = start_spark_services(store, args) if args.store == "spark" else []
     try:
         manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
@@ -123,7 +127,20 @@ def check_options(args: argparse.Namespace) -> None:
     if args.store == "spark":
         if not (math.isfinite(args.compaction_interval) and args.compaction_interval > 0):
             raise CliError("--compaction-interval must be positive")
+        spark_settings(args.spark_conf)
         check_connect_exposure(args)
+
+
+def spark_settings(pairs: list[str]) -> dict[str, str]:
+    """``--spark-conf`` values as settings; CliError for one that is not ``spark.…=value``."""
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("spark.") or not value:
+            raise CliError(f"--spark-conf {pair!r}: expected spark.<setting>=<value>")
+        settings[key] = value
+    return settings
 
 
 def check_connect_exposure(args: argparse.Namespace) -> None:

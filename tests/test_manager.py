@@ -251,19 +251,32 @@ async def test_restart_recovers_running_and_queued_units(tmp_path):
 
 class GatedStore(MemoryStore):
     """A memory store whose writes wait while its gate is closed (a slow Spark append):
-    effects finished meanwhile pile up in the commit manager."""
+    effects finished meanwhile pile up in the commit manager. Publishes have a gate of
+    their own; a publish held when its process dies is abandoned (``abandon_held``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = threading.Event()
         self.gate.set()
         self.waiting = threading.Event()  # a write is held at the gate
+        self.publish_gate = threading.Event()
+        self.publish_gate.set()
+        self.publish_waiting = threading.Event()
+        self.abandon_held = False
 
     def commit(self, view, effects) -> None:
         if not self.gate.is_set():
             self.waiting.set()
             assert self.gate.wait(60), "the gate was never opened"
         super().commit(view, effects)
+
+    def publish(self, view, watermark) -> None:
+        if not self.publish_gate.is_set():
+            self.publish_waiting.set()
+            assert self.publish_gate.wait(60), "the publish gate was never opened"
+            if self.abandon_held:
+                return
+        super().publish(view, watermark)
 
 
 async def until(condition, timeout: float = 20.0) -> None:
@@ -377,3 +390,30 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
     finally:
         await manager.stop()
 
+
+
+async def test_restart_publishes_the_watermark_the_catalog_recorded(tmp_path):
+    """The process dies after recording the initial load's commit but before publishing it:
+    the next start publishes it, and the view becomes active."""
+    store = GatedStore()
+    store.publish_gate.clear()
+    catalog = tmp_path / "c.db"
+    manager, sources = await start_sim_manager(catalog, TABLES, store=store)
+    sources["a"].load("R", [(1, "x")])
+    sources["b"].load("S", [(1, 10)])
+    await manager.define_view(VIEW, "v")
+    await until(store.publish_waiting.is_set)
+    assert [u.committed for u in await manager.db("units", "v")] == [True]
+    assert manager.status("v")["state"] == "initializing"
+    await manager.stop()
+    store.abandon_held = True
+    store.publish_gate.set()
+
+    manager2, _ = await start_sim_manager(catalog, TABLES, store=store, sources=sources)
+    try:
+        await manager2.wait_idle("v")
+        assert store.published("v") == manager2.watermark("v") == 1
+        assert manager2.status("v")["state"] == "active"
+        assert sorted(manager2.read_rows("v")) == [(1, "x", 10)]
+    finally:
+        await manager2.stop()

@@ -90,3 +90,27 @@ def test_compacted_versions_outlive_the_query_timeout(monkeypatch) -> None:
     assert serve.retention_s() >= api.analyst.QUERY_TIMEOUT_S
     monkeypatch.setattr(api.analyst, "QUERY_TIMEOUT_S", 900.0)
     assert serve.retention_s() >= 900.0
+
+
+@pytest.mark.parametrize("pair", ["spark.driver.memory", "driver.memory=4g", "spark.sql.shuffle.partitions=", "=x"])
+def test_spark_conf_must_be_a_spark_setting_with_a_value(tmp_path, capsys, pair: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--spark-conf", pair)
+    assert code == 2 and "--spark-conf" in err and "spark.<setting>=<value>" in err, err
+
+
+def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None):
+        seen.update(spark_conf)
+        raise Stop
+
+    monkeypatch.setattr(serve, "open_store", fake_open_store)
+    with pytest.raises(Stop):
+        main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1",
+              "--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
+              "--spark-conf", "spark.sql.shuffle.partitions=8"])
+    assert seen == {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Dx=a=b", "spark.sql.shuffle.partitions": "8"}

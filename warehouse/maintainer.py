@@ -128,6 +128,16 @@ class ViewMaintainer:
         await self.db("start_unit", self.name, unit.order, [])
         self._spawn(unit)
 
+    async def republish(self, loaded: int | None) -> None:
+        """After a restart, before ``start``: publish the W the catalog recorded, since the
+        process may have died between recording a group and publishing it. ``loaded``: the
+        committed initial load of a view still marked initializing; once visible, the view
+        is active."""
+        if self.protocol.watermark:
+            await asyncio.to_thread(self.store.publish, self.name, self.protocol.watermark)
+        if loaded is not None and loaded <= self.protocol.watermark:
+            await self.on_state(self.name, "active", None)
+
     def resume_unit(self, unit: Unit) -> None:
         """Re-run a unit that was started but not committed before a restart."""
         self.protocol.resume(unit)

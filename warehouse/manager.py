@@ -311,6 +311,8 @@ class Manager:
             if entry.id not in in_units and (v := handle.extractor(entry)) is not None:
                 protocol.receive(v)
         self.views[info.name] = handle
+        loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
+        await handle.maintainer.republish(loaded if info.state == "initializing" else None)
         handle.maintainer.start()
         for unit in rebuilt:
             handle.maintainer.resume_unit(unit)

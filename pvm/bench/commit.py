@@ -115,6 +115,24 @@ class Marker:
     seen_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Trace:
+    """When a transaction's changes reached each stage (seconds since the epoch)."""
+
+    received: float  # durable in the manager's update log
+    started: float  # its maintenance unit got an order number
+    committed: float  # the unit's effect appended to the z-log and recorded
+    published: float  # a W covering it published to SQL readers
+
+
+STAGES = (  # (name, from, to): the legs of a transaction's freshness
+    ("shipped to the manager", "source", "received"),
+    ("queued for a unit", "received", "started"),
+    ("maintained and appended", "started", "committed"),
+    ("published", "committed", "published"),
+)
+
+
 @dataclass
 class Ledger:
     """Markers by what the reader looks for: order ids and names."""
@@ -208,26 +226,29 @@ class Freshness:
             await manager.drop_view(VIEW)
         return self._figures(writer, status, visible)
 
-    async def _visible_at(self, manager) -> dict[tuple[str, object], float]:
-        """Per marker, when the first watermark covering its transaction was published."""
+    async def _visible_at(self, manager) -> dict[tuple[str, object], Trace]:
+        """Per marker, its way through the service, up to when the first watermark covering
+        its transaction was published."""
         import bisect
 
-        units = await manager.db("units", VIEW)
-        order_of = {log_id: u.order for u in units for log_id in u.log_ids}
+        units = {u.order: u for u in await manager.db("units", VIEW)}
+        order_of = {log_id: u.order for u in units.values() for log_id in u.log_ids}
         times = [t for t, _ in self.publishes]
         marks = [w for _, w in self.publishes]  # nondecreasing
-        out: dict[tuple[str, object], float] = {}
+        out: dict[tuple[str, object], Trace] = {}
         for source in SCHEMAS:
             for entry in await manager.db("log_entries", source, 0):
                 order = order_of.get(entry.id)
                 i = bisect.bisect_left(marks, order) if order is not None else len(marks)
                 if i == len(marks):
                     continue
+                unit = units[order]
+                trace = Trace(entry.received_at, unit.started_at, unit.committed_at, times[i])
                 for change in entry.changes:
                     if change["sign"] == 1:
                         row = change["row"]
                         key = ("order", row["id"]) if source == "shop" else ("name", row.get("name"))
-                        out[key] = times[i]
+                        out[key] = trace
         return out
 
     # -- the sources and the writer ----------------------------------------------------------------
@@ -323,8 +344,16 @@ class Freshness:
     def _figures(self, writer: dict, status: dict, visible: dict) -> dict:
         ledger = self.ledger
         keyed = [*((("order", k), m) for k, m in ledger.orders.items()), *((("name", k), m) for k, m in ledger.names.items())]
-        exact = sorted(visible[k] - m.committed_at for k, m in keyed if k in visible)
-        early = sum(1 for k, m in keyed if k in visible and m.seen_at is not None and m.seen_at < visible[k] - 0.05)
+        exact = sorted(visible[k].published - m.committed_at for k, m in keyed if k in visible)
+        early = sum(1 for k, m in keyed if k in visible and m.seen_at is not None and m.seen_at < visible[k].published - 0.05)
+        stages = {}
+        for name, start, end in STAGES:
+            legs = sorted(
+                getattr(visible[k], end) - (m.committed_at if start == "source" else getattr(visible[k], start))
+                for k, m in keyed
+                if k in visible
+            )
+            stages[name] = {"p50_s": round(_quantile(legs, 0.5), 3), "p99_s": round(_quantile(legs, 0.99), 3)}
         markers = [m for _, m in keyed]
         seen = sorted(m.seen_at - m.committed_at for m in markers if m.seen_at is not None)
         unseen = [(name, m) for name, m in ledger.names.items() if m.seen_at is None]
@@ -343,6 +372,7 @@ class Freshness:
             "p90_s": round(_quantile(exact, 0.90), 3),
             "p99_s": round(_quantile(exact, 0.99), 3),
             "max_s": round(exact[-1], 3) if exact else None,
+            "stages": stages,
             "publishes": len(self.publishes),
             "store_append_s_mean": round(sum(self.commit_seconds) / max(1, len(self.commit_seconds)), 3),
             "store_append_rows_mean": round(sum(self.commit_rows) / max(1, len(self.commit_rows)), 1),
@@ -399,6 +429,8 @@ def report(figures: dict) -> None:
         t.add_row("rate (target / achieved)", f"{f['target_rate']:g} / {f['achieved_rate']:g} transactions/s")
         t.add_row("transactions measured", f"{f['measured']} of {f['transactions']} ({f['publishes']} publishes of W)")
         t.add_row("p50 / p90 / p99 / max", f"{f['p50_s']:.3f} / {f['p90_s']:.3f} / {f['p99_s']:.3f} / {f['max_s']} s")
+        for stage, legs in f["stages"].items():
+            t.add_row(f"  {stage} (p50 / p99)", f"{legs['p50_s']:.3f} / {legs['p99_s']:.3f} s")
         p = f["polled"]
         t.add_row(
             "polled by a Spark SQL reader: p50 / p99",

@@ -29,3 +29,7 @@ def test_bench_commit_measures_rates_and_freshness(spark, tmp_path) -> None:
     polled = fresh["polled"]
     assert polled["seen_before_publish"] == 0 and polled["never_seen"] == 0
     assert polled["measured"] + polled["superseded_unseen"] == 60
+    stages = fresh["stages"]  # the legs of a transaction's way add up to the whole
+    assert list(stages) == ["shipped to the manager", "queued for a unit", "maintained and appended", "published"]
+    assert all(0 <= leg["p50_s"] <= leg["p99_s"] for leg in stages.values())
+    assert sum(leg["p50_s"] for leg in stages.values()) <= fresh["max_s"]

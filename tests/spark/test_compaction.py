@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from warehouse.store.base import Effect, StoreError
 from warehouse.store.compaction import CompactionPolicy, Compactor
-from warehouse.store.spark import SparkStore, ZlogStats, _part_files
+from warehouse.store.spark import SparkStore, ZlogStats, _order_span, _part_files
 from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
@@ -29,11 +29,14 @@ def states(store: SparkStore, view: str, orders: range) -> dict[int, ZSet]:
 
 @pytest.fixture
 def compacted(spark_store: SparkStore, view: str) -> tuple[SparkStore, str, dict[int, ZSet]]:
-    """Orders 1..8 committed, W = 5, then compacted; returns the states before compaction."""
+    """Orders 1..8 committed, W = 5, then compacted; returns the states before compaction.
+    The z-log's files lie below W (1-3), above it (6-7) and on both sides (4, 5, 8)."""
     spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
     spark_store.commit(view, [effect(o) for o in (1, 2, 3)])
-    spark_store.commit(view, [effect(o) for o in (6, 7, 8)])
-    spark_store.commit(view, [effect(o) for o in (4, 5)])
+    spark_store.commit(view, [effect(o) for o in (6, 7)])
+    spark_store.commit(view, [effect(o) for o in (4, 5, 8)])
+    files = _part_files(spark_store._state(view).meta.zlog_location)
+    assert sorted(_order_span(f) for f in files) == [(1, 3), (4, 8), (6, 7)]
     spark_store.publish(view, 5)
     before = states(spark_store, view, range(5, 9)) | {-1: spark_store.read(view)}
     old = spark_store._state(view).meta
@@ -118,6 +121,22 @@ def test_commit_during_compaction_is_not_lost(
     assert spark_store.read(view) == expected
     assert spark_store.committed_orders(view) == set(range(1, 8))
     assert spark_store._state(view).zlog_orders == {5, 6, 7}
+
+
+def test_a_compaction_with_nothing_to_fold_keeps_the_base(spark_store: SparkStore, view: str) -> None:
+    """W has not moved past the z-log (the file-count policy can ask for this): the base is
+    carried over as it is and every state stays readable."""
+    spark_store.create(view, ["k", "name"])
+    spark_store.commit(view, [effect(1)])
+    spark_store.publish(view, 1)
+    assert spark_store.compact(view)
+    spark_store.commit(view, [effect(o) for o in (2, 3)])
+    spark_store.commit(view, [effect(4)])
+    before = states(spark_store, view, range(1, 5))
+    assert spark_store.compact(view)
+    assert states(spark_store, view, range(1, 5)) == before
+    assert spark_store._state(view).meta.compacted_orders == ((1, 1),)
+    assert spark_store._state(view).zlog_orders == {2, 3, 4}
 
 
 def test_compacting_nothing_is_a_no_op(spark_store: SparkStore, view: str) -> None:

@@ -84,6 +84,8 @@ class UnitInfo:
     order: int
     log_ids: tuple[int, ...]
     committed: bool
+    started_at: float | None = None
+    committed_at: float | None = None
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -233,7 +235,10 @@ class Catalog:
     def units(self, view: str) -> list[UnitInfo]:
         with Session(self.engine) as s:
             q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
-            return [UnitInfo(u.order_no, tuple(u.log_ids), u.committed) for u in s.scalars(q)]
+            return [
+                UnitInfo(u.order_no, tuple(u.log_ids), u.committed, u.started_at, u.committed_at)
+                for u in s.scalars(q)
+            ]
 
     # -- API tokens (hashes only; see api.auth) --------------------------------------------
     def add_token(self, role: str, source: str | None, name: str, hash: str) -> TokenInfo:

@@ -375,6 +375,32 @@ def _part_files(location: str) -> list[str]:
     return sorted(str(p) for p in path.iterdir() if p.name.startswith("part-"))
 
 
+def _order_span(path: str) -> tuple[int, int] | None:
+    """Smallest and largest ``_order`` in a z-log file, from its parquet footer (Spark writes
+    min/max statistics); None when the footer does not tell."""
+    meta = pq.read_metadata(path)
+    column = meta.schema.names.index(ORDER)
+    low = high = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        low = stats.min if low is None else min(low, stats.min)
+        high = stats.max if high is None else max(high, stats.max)
+    return None if low is None else (low, high)
+
+
+def _link(files: Sequence[str], location: str) -> None:
+    """Put immutable data files into another table version without copying their bytes."""
+    Path(location).mkdir(parents=True, exist_ok=True)
+    for file in files:
+        target = os.path.join(location, os.path.basename(file))
+        try:
+            os.link(file, target)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(file, target)
+
+
 def _remove(*locations: str) -> None:
     for location in locations:
         shutil.rmtree(location, ignore_errors=True)
@@ -701,9 +727,9 @@ class SparkStore:
             if state.meta.watermark < start.watermark:  # W was lowered meanwhile: give up
                 _remove(new_base, new_zlog)
                 return False
-            late = sorted(set(_part_files(start.zlog_location)) - set(snapshot))
-            if late:
-                self._read(state.codec.zlog_schema, late).write.mode("append").parquet(new_zlog)
+            # Appended since the snapshot, all above its W: carried over as they are, so the
+            # commits this lock holds up wait for file links, not for a Spark job.
+            _link(sorted(set(_part_files(start.zlog_location)) - set(snapshot)), new_zlog)
             meta = replace(
                 state.meta,
                 base_location=new_base,
@@ -744,16 +770,29 @@ class SparkStore:
         new_zlog: str,
     ) -> None:
         """New base: old base plus z-log rows up to W, summed, zeros dropped (negative sums
-        stay: a later insert must still cancel them). New z-log: the rows after W."""
+        stay: a later insert must still cancel them). New z-log: the rows after W.
+
+        Each Spark job reads only the files that hold rows for it (by the ``_order`` range
+        in their footers); a job with no such file is not run: the old base is linked into
+        the new version, or the new z-log starts empty."""
         bound = start.watermark
-        zlog = self._read(codec.zlog_schema, zlog_files)
-        base = self._read(codec.base_schema, [start.base_location])
-        upto = zlog.where(F.col(ORDER) <= bound).drop(ORDER)
-        summed = (
-            base.unionByName(upto)
-            .groupBy(*codec.columns)
-            .agg(F.sum(WEIGHT).alias(WEIGHT))
-            .where(F.col(WEIGHT) != 0)
-        )
-        summed.write.mode("overwrite").parquet(new_base)
-        zlog.where(F.col(ORDER) > bound).write.mode("overwrite").parquet(new_zlog)
+        spans = {f: _order_span(f) for f in zlog_files}
+        upto = [f for f, span in spans.items() if span is None or span[0] <= bound]
+        after = [f for f, span in spans.items() if span is None or span[1] > bound]
+        if upto:
+            base = self._read(codec.base_schema, [start.base_location])
+            zlog = self._read(codec.zlog_schema, upto).where(F.col(ORDER) <= bound).drop(ORDER)
+            summed = (
+                base.unionByName(zlog)
+                .groupBy(*codec.columns)
+                .agg(F.sum(WEIGHT).alias(WEIGHT))
+                .where(F.col(WEIGHT) != 0)
+            )
+            summed.write.mode("overwrite").parquet(new_base)
+        else:
+            _link(_part_files(start.base_location), new_base)
+        if after:
+            zlog = self._read(codec.zlog_schema, after).where(F.col(ORDER) > bound)
+            zlog.write.mode("overwrite").parquet(new_zlog)
+        else:
+            Path(new_zlog).mkdir(parents=True, exist_ok=True)

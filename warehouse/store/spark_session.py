@@ -17,8 +17,13 @@ _session: SparkSession | None = None
 
 # Settings that suit a small, latency-bound workload: appends of a few thousand rows and
 # aggregations over modest views, where the default 200 shuffle partitions would mostly
-# schedule empty tasks.
+# schedule empty tasks. The JIT stops at its first tier (C1): the optimizing compiler (C2)
+# kept a core half busy for minutes after start while the service's many small Spark jobs
+# warmed up, and on two cores that CPU came out of commit latency (``pvm bench commit``:
+# freshness p99 1.5 s with C1 against 2.2-2.4 s with C2). A deployment with cores to spare
+# and long, heavy jobs can turn C2 back on (``pvm serve --spark-conf``).
 _DEFAULTS: dict[str, str] = {
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
