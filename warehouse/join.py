@@ -15,8 +15,9 @@ oracle's recomputation use it.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from warehouse.expr import Cmp, Col, compile_filter, conjuncts
 from warehouse.plan import SweepStep
@@ -54,17 +55,7 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
     """``partial ⋈_on relation`` in Python; hashes on the equality conjuncts of ``on``."""
     if not partial or not relation:
         return ZSet()
-    p_index = {c: i for i, c in enumerate(step.layout)}
-    r_index = {c: i for i, c in enumerate(rel_cols)}
-    p_hash, r_hash = [], []
-    for c in conjuncts(step.on):
-        if isinstance(c, Cmp) and c.op == "=" and isinstance(c.left, Col) and isinstance(c.right, Col):
-            if c.left in p_index and c.right in r_index:
-                p_hash.append(p_index[c.left]), r_hash.append(r_index[c.right])
-            elif c.right in p_index and c.left in r_index:
-                p_hash.append(p_index[c.right]), r_hash.append(r_index[c.left])
-    layout = {c: i for i, c in enumerate(step.layout + rel_cols)}
-    keep = compile_filter(step.on, layout)
+    p_hash, r_hash, keep = _join_plan(step, rel_cols)
     buckets: dict[Row, list[tuple[Row, int]]] = defaultdict(list)
     for rel_row, w in relation.items():
         buckets[tuple(rel_row[i] for i in r_hash)].append((rel_row, w))
@@ -78,3 +69,21 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
             if keep(joined):
                 out.add(joined, weight * w)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[list[int], list[int], Callable[[Row], bool]]:
+    """The positions ``local_join`` hashes on in each side, and the compiled ``on``: one per
+    step, though compensation joins with every concurrent delta."""
+    p_index = {c: i for i, c in enumerate(step.layout)}
+    r_index = {c: i for i, c in enumerate(rel_cols)}
+    p_hash: list[int] = []
+    r_hash: list[int] = []
+    for c in conjuncts(step.on):
+        if isinstance(c, Cmp) and c.op == "=" and isinstance(c.left, Col) and isinstance(c.right, Col):
+            if c.left in p_index and c.right in r_index:
+                p_hash.append(p_index[c.left]), r_hash.append(r_index[c.right])
+            elif c.right in p_index and c.left in r_index:
+                p_hash.append(p_index[c.right]), r_hash.append(r_index[c.left])
+    layout = {c: i for i, c in enumerate(step.layout + rel_cols)}
+    return p_hash, r_hash, compile_filter(step.on, layout)

@@ -68,9 +68,11 @@ class ViewChange:
         stats.subqueries += 1
         stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
         result = extend(partial, step, keys, _answer_rows(answer, len(keys), len(relation.columns)))
-        for delta in self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark):
-            result.add_all(local_join(partial, step, delta, relation.cols()), -1)
-            stats.compensations += 1
+        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
+        if concurrent:
+            # Σ (partial ⋈ ΔR_k) = partial ⋈ Σ ΔR_k: one join, however many updates it undoes
+            result.add_all(local_join(partial, step, total(concurrent), relation.cols()), -1)
+            stats.compensations += len(concurrent)
         return result
 
     def _request(self, step: SweepStep, keys: list[tuple], priority: float) -> Subquery:
