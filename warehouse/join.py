@@ -72,7 +72,7 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
 
 
 @functools.lru_cache(maxsize=1024)
-def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[list[int], list[int], Callable[[Row], bool]]:
+def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[tuple[int, ...], tuple[int, ...], Callable[[Row], bool]]:
     """The positions ``local_join`` hashes on in each side, and the compiled ``on``: one per
     step, though compensation joins with every concurrent delta."""
     p_index = {c: i for i, c in enumerate(step.layout)}
@@ -86,4 +86,4 @@ def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[list[int], l
             elif c.right in p_index and c.left in r_index:
                 p_hash.append(p_index[c.right]), r_hash.append(r_index[c.left])
     layout = {c: i for i, c in enumerate(step.layout + rel_cols)}
-    return p_hash, r_hash, compile_filter(step.on, layout)
+    return tuple(p_hash), tuple(r_hash), compile_filter(step.on, layout)

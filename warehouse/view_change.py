@@ -4,8 +4,9 @@ For every chain-rule term of the unit (a changed relation, or the initial load) 
 result starts as the relation's delta and is joined with the other relations one subquery
 at a time in SWEEP order. When an answer arrives, the protocol names the updates it
 reflects that are ordered after this term; ``partial ⋈ ΔR`` of each is subtracted
-(ProcessSubQuery in the paper's Fig. 14), as one join with the sum of their deltas. Terms of one unit run concurrently: each one's
-compensation is exact on its own, so their sum is the unit's effect.
+(ProcessSubQuery in the paper's Fig. 14), as one join with the sum of their deltas. Terms
+of one unit run concurrently: each one's compensation is exact on its own, so their sum is
+the unit's effect.
 
 Every subquery carries the time its unit started as its priority: a source with more
 subqueries waiting than it answers at once serves the oldest unit first
