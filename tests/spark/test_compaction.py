@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -137,6 +138,25 @@ def test_a_compaction_with_nothing_to_fold_keeps_the_base(spark_store: SparkStor
     assert states(spark_store, view, range(1, 5)) == before
     assert spark_store._state(view).meta.compacted_orders == ((1, 1),)
     assert spark_store._state(view).zlog_orders == {2, 3, 4}
+
+
+def test_compaction_copies_files_where_it_cannot_link_them(
+    spark_store: SparkStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another file system, or one without hard links: the files are copied instead."""
+    spark_store.create(view, ["k", "name"])
+    spark_store.commit(view, [effect(1)])
+    spark_store.publish(view, 1)
+    assert spark_store.compact(view)
+    spark_store.commit(view, [effect(2)])
+    before = states(spark_store, view, range(1, 3))
+
+    def no_links(source: str, target: str) -> None:
+        raise OSError("hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert spark_store.compact(view)  # the base is carried over whole
+    assert states(spark_store, view, range(1, 3)) == before
 
 
 def test_compacting_nothing_is_a_no_op(spark_store: SparkStore, view: str) -> None:
