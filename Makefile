@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` and `make test`.
-VENV ?= $(HOME)/.cache/pvm/venv
+# The virtualenv: $PVM_VENV if set (as the README says), else ~/.cache/pvm/venv.
+VENV ?= $(or $(PVM_VENV),$(HOME)/.cache/pvm/venv)
 export PVM_VENV := $(VENV)
 
 .PHONY: setup demo test
