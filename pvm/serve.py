@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.manager import Manager
 
-    check_options(args)  # before anything starts: a refusal leaves nothing behind
+    spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
     setup_logging(args.log_level)
     url = catalog_url(args.data_dir, args.catalog)
     announce_first_admin_token(url)
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_settings(args.spark_conf))
+    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf)
     background = start_spark_services(store, args) if args.store == "spark" else []
     try:
         manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
@@ -118,8 +118,10 @@ def run(args: argparse.Namespace) -> int:
 CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """CliError naming the first option that cannot work; starts nothing."""
+def check_options(args: argparse.Namespace) -> dict[str, str]:
+    """CliError naming the first option that cannot work; starts nothing. Returns the
+    ``--spark-conf`` settings."""
+    spark_conf = spark_settings(args.spark_conf)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
@@ -127,8 +129,8 @@ def check_options(args: argparse.Namespace) -> None:
     if args.store == "spark":
         if not (math.isfinite(args.compaction_interval) and args.compaction_interval > 0):
             raise CliError("--compaction-interval must be positive")
-        spark_settings(args.spark_conf)
         check_connect_exposure(args)
+    return spark_conf
 
 
 def spark_settings(pairs: list[str]) -> dict[str, str]:

@@ -92,10 +92,12 @@ def test_compacted_versions_outlive_the_query_timeout(monkeypatch) -> None:
     assert serve.retention_s() >= 900.0
 
 
+@pytest.mark.parametrize("store", ["spark", "memory"])
 @pytest.mark.parametrize("pair", ["spark.driver.memory", "driver.memory=4g", "spark.sql.shuffle.partitions=", "=x"])
-def test_spark_conf_must_be_a_spark_setting_with_a_value(tmp_path, capsys, pair: str) -> None:
-    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--spark-conf", pair)
+def test_spark_conf_must_be_a_spark_setting_with_a_value(tmp_path, capsys, pair: str, store: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", store, "--spark-conf", pair)
     assert code == 2 and "--spark-conf" in err and "spark.<setting>=<value>" in err, err
+    assert not (tmp_path / "d").exists() and "PVM_TOKEN" not in err  # refused before anything
 
 
 def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:

@@ -40,6 +40,8 @@ def test_a_star_is_never_joined_without_a_predicate() -> None:
         steps = plan.sweep(changed)
         assert sorted(s.relation for s in steps) == sorted(set(range(4)) - {changed})
         assert all(s.on is not None and s.keys for s in steps), (changed, steps)
+    initial = plan.sweep(None)  # the whole relations: a cross product would be the largest
+    assert all(s.on is not None and s.keys for s in initial[1:]), initial
     assert [s.relation for s in plan.sweep(0)] == [2, 1, 3]  # the centre first, then SWEEP's order
 
 

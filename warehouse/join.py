@@ -73,8 +73,8 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
 
 @functools.lru_cache(maxsize=1024)
 def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[tuple[int, ...], tuple[int, ...], Callable[[Row], bool]]:
-    """The positions ``local_join`` hashes on in each side, and the compiled ``on``: one per
-    step, though compensation joins with every concurrent delta."""
+    """The positions ``local_join`` hashes on in each side, and the compiled ``on``, once per
+    step: compiling the predicate costs more than the join of a few delta rows."""
     p_index = {c: i for i, c in enumerate(step.layout)}
     r_index = {c: i for i, c in enumerate(rel_cols)}
     p_hash: list[int] = []

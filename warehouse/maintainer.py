@@ -133,7 +133,7 @@ class ViewMaintainer:
         process may have died between recording a group and publishing it. ``loaded``: the
         committed initial load of a view still marked initializing; once visible, the view
         is active."""
-        if self.protocol.watermark:
+        if self.store.published(self.name) < self.protocol.watermark:
             await asyncio.to_thread(self.store.publish, self.name, self.protocol.watermark)
         if loaded is not None and loaded <= self.protocol.watermark:
             await self.on_state(self.name, "active", None)

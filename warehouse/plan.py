@@ -113,14 +113,15 @@ class ViewPlan:
 
     def _next_relation(self, changed: int | None, joined: tuple[int, ...]) -> int | None:
         """SWEEP's next relation, or, when it shares no join conjunct with the partial result,
-        the first in SWEEP's order that does (FROM order for the initial load)."""
+        the first in SWEEP's order that does (FROM order for the initial load, whose first
+        relation starts the partial result)."""
         order = list(range(len(self.relations))) if changed is None else sweep_order(changed, len(self.relations))
         remaining = [j for j in order if j not in joined]
         if not remaining:
             return None
         present = {self.relations[i].alias for i in joined}
         connected = [j for j in remaining if self._joins(self.relations[j].alias, present)]
-        return connected[0] if connected and changed is not None else remaining[0]
+        return connected[0] if connected else remaining[0]
 
     def _joins(self, alias: str, present: set[str]) -> bool:
         return any(alias in relations(c) and (relations(c) - {alias}) & present for c in self.join)

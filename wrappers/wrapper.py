@@ -140,12 +140,6 @@ class Wrapper:
         self.capture.close()
 
     # -- SendUpdates -------------------------------------------------------------------------
-    async def poll_once(self) -> None:
-        """One round of both loops: capture, ship and delete (``ship_once``), then pull the
-        source into the replica and capture that (``pull_once``)."""
-        await self.ship_once()
-        await self.pull_once()
-
     async def ship_once(self) -> None:
         """Capture what committed since the last poll, ship everything pending, then delete
         acknowledged changes from the outbox. While the manager is down this waits (holding

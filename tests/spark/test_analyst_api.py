@@ -57,8 +57,8 @@ async def test_query_rows_and_names_over_http(spark: SparkSession, spark_store: 
                 (f"SELECT * FROM {SparkStore.zlog_table(view)}", "unknown view"),
                 (
                     f"SELECT * FROM {view} UNION ALL SELECT * FROM (WITH hidden AS (SELECT 1 AS a) "
-                    f"SELECT a FROM hidden) JOIN {SparkStore.zlog_table(view)}",
-                    "unknown view",
+                    "SELECT a FROM hidden) JOIN hidden",  # a CTE used outside its scope
+                    "not in scope here",
                 ),
                 (f"DROP VIEW {view}", "only a SELECT"),
                 (f"SELECT reflect('java.lang.Thread', 'currentThread') FROM {view}", "function reflect"),

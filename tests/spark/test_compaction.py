@@ -124,9 +124,11 @@ def test_commit_during_compaction_is_not_lost(
     assert spark_store._state(view).zlog_orders == {5, 6, 7}
 
 
-def test_a_compaction_with_nothing_to_fold_keeps_the_base(spark_store: SparkStore, view: str) -> None:
+def test_a_compaction_with_nothing_to_fold_keeps_the_base(
+    spark_store: SparkStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """W has not moved past the z-log (the file-count policy can ask for this): the base is
-    carried over as it is and every state stays readable."""
+    carried over as it is, not read by a Spark job, and every state stays readable."""
     spark_store.create(view, ["k", "name"])
     spark_store.commit(view, [effect(1)])
     spark_store.publish(view, 1)
@@ -134,7 +136,18 @@ def test_a_compaction_with_nothing_to_fold_keeps_the_base(spark_store: SparkStor
     spark_store.commit(view, [effect(o) for o in (2, 3)])
     spark_store.commit(view, [effect(4)])
     before = states(spark_store, view, range(1, 5))
+    base = spark_store._state(view).meta.base_location
+    read: list[str] = []
+    plain_read = SparkStore._read
+
+    def recording_read(self: SparkStore, schema, paths):
+        read.extend(paths)
+        return plain_read(self, schema, paths)
+
+    monkeypatch.setattr(SparkStore, "_read", recording_read)
     assert spark_store.compact(view)
+    assert read and base not in read  # only the z-log files above W were rewritten
+    monkeypatch.undo()
     assert states(spark_store, view, range(1, 5)) == before
     assert spark_store._state(view).meta.compacted_orders == ((1, 1),)
     assert spark_store._state(view).zlog_orders == {2, 3, 4}
