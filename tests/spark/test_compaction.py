@@ -61,6 +61,56 @@ def test_compaction_keeps_every_readable_state(
     assert sorted(r[0] for r in zlog_orders.collect()) == [6, 7, 8]
 
 
+def rows_in(session: SparkSession, view: str) -> list[tuple]:
+    return sorted(tuple(r) for r in session.sql(f"SELECT * FROM {view}").collect())
+
+
+def test_a_query_planned_during_the_swap_reads_one_version(
+    spark: SparkSession, spark_store: SparkStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap moves the two stable tables one after the other; an analyst's query (its own
+    session, no view lock) planned at any moment of it reads the published state once: not
+    the new base with the old z-log (rows up to W twice), nor the old base with the new."""
+    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
+    spark_store.commit(view, [effect(o) for o in range(1, 9)])
+    spark_store.publish(view, 5)
+    analyst = spark.newSession()
+    expected = sorted(spark_store.read(view, as_of=5).expand())
+    assert rows_in(analyst, view) == expected
+    seen: list[list[tuple]] = []
+    relocate = SparkStore._relocate
+
+    def relocate_and_read(self: SparkStore, table: str, location: str) -> None:
+        relocate(self, table, location)
+        seen.append(rows_in(analyst, view))
+
+    monkeypatch.setattr(SparkStore, "_relocate", relocate_and_read)
+    assert spark_store.compact(view)
+    assert len(seen) == 2 and seen == [expected, expected]
+    assert rows_in(analyst, view) == expected
+
+
+def test_another_session_sees_each_publish_and_compaction(
+    spark: SparkSession, spark_store: SparkStore, view: str
+) -> None:
+    """A Spark Connect client's session is not the store's: it must see new commits and new
+    table versions, not the files its first query listed."""
+    analyst = spark.newSession()
+    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
+    spark_store.commit(view, [effect(1)])
+    spark_store.publish(view, 1)
+    assert rows_in(analyst, view) == sorted(spark_store.read(view).expand())
+    spark_store.commit(view, [effect(2), effect(3)])
+    spark_store.publish(view, 3)
+    assert rows_in(analyst, view) == sorted(spark_store.read(view).expand())
+    assert analyst.table(SparkStore.zlog_table(view)).count() == 3 * 2
+    assert spark_store.compact(view)
+    spark_store.commit(view, [effect(4)])
+    spark_store.publish(view, 4)
+    assert rows_in(analyst, view) == sorted(spark_store.read(view).expand())
+    assert analyst.table(SparkStore.zlog_table(view)).count() == 2
+
+
 def test_compacted_as_of_is_refused(compacted: tuple[SparkStore, str, dict[int, ZSet]]) -> None:
     store, view, _ = compacted
     with pytest.raises(StoreError, match="as_of 4 is older than the compacted state"):

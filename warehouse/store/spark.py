@@ -14,6 +14,13 @@ Per view, under ``<data_dir>/views/<view>/``:
   session of the Spark application sees it, Spark Connect sessions included): what analysts
   query, the view as of the published watermark with each row repeated by its weight.
 
+The two tables keep their names for good; compaction moves them to new locations, one
+``ALTER TABLE`` each. A query planned between the two moves would read the new base with the
+old z-log, so the analysts' view does not read them: it reads a second pair of tables per
+version, ``pvm_store.base_<N>_<view>`` and ``pvm_store.zlog_<N>_<view>``, which never move,
+and compaction switches it to the next pair with one ``ALTER VIEW``. A query planned before
+that reads the old pair, whose files stay on disk until such queries are done.
+
 Which versions are current, the published watermark and the compacted orders live in a
 ``StoreCatalog`` record, written only at the few points that change them, so that a restart
 re-registers every table. Which orders are committed is read back from the z-log itself:
@@ -58,6 +65,7 @@ WEIGHT = "_w"
 ORDER = "_order"
 ZLOG_PREFIX = "pvm_zlog_"
 BASE_PREFIX = "pvm_base_"
+VERSIONS_DB = "pvm_store"  # one table per kind and version of each view's files
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -420,12 +428,13 @@ class SparkStore:
         readers that planned their query before the swap (0: deleted at once)."""
         self._spark = spark
         self._retire_after_s = retire_after_s
-        self._retired: list[tuple[float, tuple[str, ...]]] = []
+        self._retired: list[tuple[float, tuple[tuple[str, ...], tuple[str, ...]]]] = []
         self._root = Path(data_dir).resolve() / "views"
         self._catalog = catalog or JsonStoreCatalog(Path(data_dir) / "store-catalog.json")
         self._lock = threading.Lock()  # guards the _views dict only
         self._views: dict[str, _View] = {}
         self.commit_groups: list[int] = []  # sizes, as MemoryStore records them
+        self._spark.sql(f"CREATE DATABASE IF NOT EXISTS {VERSIONS_DB}")
         for view in self._catalog.views():
             record = self._catalog.load(view)
             if record is not None:
@@ -445,6 +454,20 @@ class SparkStore:
     @staticmethod
     def base_table(view: str) -> str:
         return BASE_PREFIX + view
+
+    @staticmethod
+    def version_table(view: str, kind: str, version: int) -> str:
+        """The table over version ``version`` of a view's ``kind`` ("base" or "zlog") files:
+        unlike the stable tables, it is never moved, so a query that names it reads one
+        version from its planning to its end."""
+        return f"{VERSIONS_DB}.{kind}_{version}_{view}"
+
+    @classmethod
+    def _version_tables(cls, view: str, meta: ViewMeta) -> tuple[str, str]:
+        return (
+            cls.version_table(view, "base", meta.base_version),
+            cls.version_table(view, "zlog", meta.zlog_version),
+        )
 
     def _location(self, view: str, kind: str, version: int) -> str:
         return str(self._root / view / kind / f"v{version}")
@@ -476,25 +499,46 @@ class SparkStore:
     def _attach(self, view: str, meta: ViewMeta) -> _View:
         """Register a known view's tables in this session and load its committed orders."""
         codec = _Codec(meta.columns, meta.types)
-        for table, location, schema in (
-            (self.base_table(view), meta.base_location, codec.base_schema),
-            (self.zlog_table(view), meta.zlog_location, codec.zlog_schema),
-        ):
-            Path(location).mkdir(parents=True, exist_ok=True)
-            self._spark.sql(f"DROP TABLE IF EXISTS {table}")
-            self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
+        self._register(self.base_table(view), meta.base_location, codec.base_schema)
+        self._register(self.zlog_table(view), meta.zlog_location, codec.zlog_schema)
+        self._register_versions(view, meta, codec)
         orders = self._spark.sql(f"SELECT DISTINCT {ORDER} FROM {self.zlog_table(view)}")
         state = _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
         self._define_visible(state)
         return state
 
+    def _register(self, table: str, location: str, schema: StructType) -> None:
+        Path(location).mkdir(parents=True, exist_ok=True)
+        self._spark.sql(f"DROP TABLE IF EXISTS {table}")
+        self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
+
+    def _register_versions(self, view: str, meta: ViewMeta, codec: _Codec) -> None:
+        base, zlog = self._version_tables(view, meta)
+        self._register(base, meta.base_location, codec.base_schema)
+        self._register(zlog, meta.zlog_location, codec.zlog_schema)
+
+    def _drop_tables(self, *tables: str) -> None:
+        for table in tables:
+            self._spark.sql(f"DROP TABLE IF EXISTS {table}")  # external: the files stay
+
     def _remove_orphans(self) -> None:
-        """Delete directories no record points to: leftovers of a crash during create, drop
-        or compaction, which wrote them before (or deleted them after) the record changed."""
-        if not self._root.is_dir():
-            return
+        """Delete directories and version tables no record points to: leftovers of a crash
+        during create, drop or compaction, which made them before (or removed them after)
+        the record changed. (An in-memory Spark catalog starts empty; a persistent one keeps
+        tables across restarts.)"""
         with self._lock:
             live = {view: state.meta for view, state in self._views.items()}
+        # Other stores may share the session: only this store's views' tables are looked at.
+        ours = re.compile(r"(base|zlog)_[0-9]+_(.+)\Z")
+        names = {view.lower() for view in live}
+        current = {t.lower() for view, meta in live.items() for t in self._version_tables(view, meta)}
+        for table in self._spark.catalog.listTables(VERSIONS_DB):
+            match = ours.match(table.name)
+            name = f"{VERSIONS_DB}.{table.name}"
+            if match and match.group(2).lower() in names and name.lower() not in current:
+                self._drop_tables(name)
+        if not self._root.is_dir():
+            return
         for view_dir in self._root.iterdir():
             meta = live.get(view_dir.name)
             if meta is None:
@@ -511,14 +555,15 @@ class SparkStore:
 
     # -- SQL ---------------------------------------------------------------------------
     def _sums_sql(self, state: _View, as_of: int | None, keep: str) -> str:
-        """Summed weights per row over base plus z-log up to ``as_of``, filtered by ``keep``."""
-        view = state.name
+        """Summed weights per row over base plus z-log up to ``as_of``, filtered by ``keep``;
+        over the current version tables, so that the SQL means the same files for good."""
+        base, zlog = self._version_tables(state.name, state.meta)
         cols = ", ".join(f"`{c}`" for c in state.meta.columns)
         bound = "" if as_of is None else f" WHERE {ORDER} <= {int(as_of)}"
         return (
             f"SELECT {cols}, SUM({WEIGHT}) AS {WEIGHT} FROM ("
-            f"SELECT {cols}, {WEIGHT} FROM {self.base_table(view)} UNION ALL "
-            f"SELECT {cols}, {WEIGHT} FROM {self.zlog_table(view)}{bound}"
+            f"SELECT {cols}, {WEIGHT} FROM {base} UNION ALL "
+            f"SELECT {cols}, {WEIGHT} FROM {zlog}{bound}"
             f") GROUP BY {cols} HAVING SUM({WEIGHT}) {keep}"
         )
 
@@ -618,8 +663,9 @@ class SparkStore:
         with state.lock:
             state.dropped = True
             self._spark.sql(f"DROP VIEW IF EXISTS `{view}`")
-            self._spark.sql(f"DROP TABLE IF EXISTS {self.zlog_table(view)}")
-            self._spark.sql(f"DROP TABLE IF EXISTS {self.base_table(view)}")
+            self._drop_tables(
+                self.zlog_table(view), self.base_table(view), *self._version_tables(view, state.meta)
+            )
             self._catalog.delete(view)
             shutil.rmtree(self._root / view, ignore_errors=True)
 
@@ -739,24 +785,30 @@ class SparkStore:
                 compacted_through=start.watermark,
                 compacted_orders=tuple(_merge_ranges(list(start.compacted_orders), folded)),
             )
+            self._register_versions(state.name, meta, state.codec)
             self._save(state, meta)
             state.zlog_orders -= folded
+            self._define_visible(state)  # the analysts' view moves to the new pair at once
             self._relocate(self.base_table(state.name), new_base)
             self._relocate(self.zlog_table(state.name), new_zlog)
-            self._retire(start.base_location, start.zlog_location)
+            self._retire(
+                self._version_tables(state.name, start), (start.base_location, start.zlog_location)
+            )
             return True
 
-    def _retire(self, *locations: str) -> None:
-        """Delete old table versions once analysts' queries planned on them are done (after
-        ``retire_after_s``); a restart removes whatever is left (``_remove_orphans``)."""
+    def _retire(self, tables: Sequence[str] = (), locations: Sequence[str] = ()) -> None:
+        """Drop old version tables and delete their files once analysts' queries planned on
+        them are done (after ``retire_after_s``); a restart removes whatever is left
+        (``_remove_orphans``)."""
         now = time.time()
         with self._lock:
-            if locations:
-                self._retired.append((now + self._retire_after_s, locations))
-            due = [paths for deadline, paths in self._retired if deadline <= now]
-            self._retired = [(deadline, paths) for deadline, paths in self._retired if deadline > now]
-        for paths in due:
-            _remove(*paths)
+            if tables or locations:
+                self._retired.append((now + self._retire_after_s, (tuple(tables), tuple(locations))))
+            due = [old for deadline, old in self._retired if deadline <= now]
+            self._retired = [(deadline, old) for deadline, old in self._retired if deadline > now]
+        for old_tables, old_locations in due:
+            self._drop_tables(*old_tables)
+            _remove(*old_locations)
 
     def _read(self, schema: StructType, paths: Sequence[str]) -> DataFrame:
         return self._spark.read.schema(schema).parquet(*paths)

@@ -22,7 +22,14 @@ _session: SparkSession | None = None
 # warmed up, and on two cores that CPU came out of commit latency (``pvm bench commit``:
 # freshness p99 1.5 s with C1 against 2.2-2.4 s with C2). A deployment with cores to spare
 # and long, heavy jobs can turn C2 back on (``pvm serve --spark-conf``).
+#
+# Every session caches a table's file listing when it first reads the table, and only the
+# session that appends to or moves a table refreshes its own cache: a Spark Connect client's
+# session would go on reading the files (and locations) of its first query. Without the cache
+# every query lists the table's directory afresh, which costs little for the store's few
+# files per version.
 _DEFAULTS: dict[str, str] = {
+    "spark.sql.filesourceTableRelationCacheSize": "0",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
