@@ -5,15 +5,22 @@ with the source's watermark, DESIGN.md invariant 3) and the views' interest (whi
 are worth shipping). Transport failures and 5xx answers are retried with backoff: a
 subquery may be asked again at any time, since its answer is compensated by its own
 watermark. A 4xx answer is a bug or a misconfiguration and is raised at once.
+
+Subqueries are the manager's hot path: with p units in flight it sends one every few
+milliseconds. The client is aiohttp's, which sends and parses a request with a third of the
+CPU httpx takes (0.4 against 1.4-2 ms per subquery on the development machine), and the
+bodies are encoded and decoded by pydantic in one step each.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
+import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
@@ -44,25 +51,36 @@ class SourceClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+class _ServerFailed(Exception):
+    """A 5xx answer: the wrapper is there but could not answer now (retried)."""
+
+
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.TransportError):
-        return True
-    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, _ServerFailed))
+
+
+_JSON = {"Content-Type": "application/json"}
 
 
 class HttpSourceClient:
     def __init__(self, name: str, url: str, token: str | None = None, retry_seconds: float = 600.0) -> None:
         self.name = name
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(120.0, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-        )
+        self._base = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._retry_seconds = retry_seconds
+        self._session: aiohttp.ClientSession | None = None  # made in the event loop that uses it
 
-    async def _call(self, method: str, path: str, body: dict | None = None, retry_seconds: float | None = None) -> dict:
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=120.0, connect=5.0),
+                connector=aiohttp.TCPConnector(limit=64),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def _call(self, method: str, path: str, body: str | None = None, retry_seconds: float | None = None) -> bytes:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retryable),
             wait=wait_exponential(multiplier=0.05, max=5.0),
@@ -70,44 +88,48 @@ class HttpSourceClient:
             reraise=True,
         ):
             with attempt:
-                response = await self._http.request(method, path, json=body)
-                if 400 <= response.status_code < 500:
-                    detail = _detail(response)
-                    raise SourceError(f"source {self.name!r} refused {method} {path}: {detail}")
-                response.raise_for_status()
-                return response.json()
+                headers = _JSON if body is not None else None
+                async with self._http().request(method, self._base + path, data=body, headers=headers) as response:
+                    payload = await response.read()
+                if response.status >= 500:
+                    raise _ServerFailed(f"source {self.name!r} answered {method} {path} with {response.status}: {_detail(payload)}")
+                if response.status >= 300:
+                    raise SourceError(f"source {self.name!r} refused {method} {path}: {_detail(payload)}")
+                return payload
         raise AssertionError("unreachable")
 
     async def schema(self) -> dict[str, TableSchema]:
         # Asked when a source is registered: an administrator waits for the answer.
-        data = await self._call("GET", "/v1/schema", retry_seconds=min(self._retry_seconds, SCHEMA_RETRY_SECONDS))
+        payload = await self._call("GET", "/v1/schema", retry_seconds=min(self._retry_seconds, SCHEMA_RETRY_SECONDS))
         return {
             table: TableSchema(
                 tuple(c["name"] for c in info["columns"]),
                 tuple(str(c.get("type", "")) for c in info["columns"]),
                 tuple(info.get("primary_key", [])),
             )
-            for table, info in data["tables"].items()
+            for table, info in json.loads(payload)["tables"].items()
         }
 
     async def subquery(self, request: Subquery) -> SubqueryAnswer:
-        return SubqueryAnswer.model_validate(await self._call("POST", "/v1/subquery", request.model_dump()))
+        return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", request.model_dump_json()))
 
     async def set_interest(self, interest: Interest) -> int:
-        return InterestAck.model_validate(await self._call("PUT", "/v1/interest", interest.model_dump())).boundary
+        payload = await self._call("PUT", "/v1/interest", interest.model_dump_json())
+        return InterestAck.model_validate_json(payload).boundary
 
     async def health(self, timeout: float = 2.0) -> dict:
         """The wrapper's ``/v1/health``, asked once without retries (for status pages)."""
-        response = await self._http.get("/v1/health", timeout=timeout)
-        response.raise_for_status()
-        return response.json()
+        async with self._http().get(self._base + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            response.raise_for_status()
+            return await response.json()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(payload: bytes) -> str:
     try:
-        return str(response.json().get("detail", response.text))
-    except ValueError:
-        return response.text[:500]
+        return str(json.loads(payload).get("detail", payload.decode(errors="replace")))
+    except (ValueError, AttributeError):
+        return payload[:500].decode(errors="replace")

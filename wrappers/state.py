@@ -132,6 +132,12 @@ class WrapperState:
             rows = self._db.execute("SELECT payload FROM pending ORDER BY seq LIMIT ?", (limit,)).fetchall()
         return [Update.model_validate_json(payload) for (payload,) in rows]
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether some update is not acknowledged yet (``pending`` would return one),
+        known without a query: seqs are consecutive and acknowledged in order."""
+        return self.last_seq > self.acked_through
+
     def pending_count(self) -> int:
         with self._mutex:
             return int(self._db.execute("SELECT count(*) FROM pending").fetchone()[0])

@@ -203,13 +203,15 @@ class Wrapper:
     async def _ship_pending(self) -> None:
         """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
         assert self._shipper is not None, "start() the wrapper first"
-        while batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post):
+        while self.state.has_pending and (batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post)):
             through = await self._shipper.send(batch, self.state.last_seq)
             self._shipped_through = max(self._shipped_through, batch[-1].seq)
             await asyncio.to_thread(self.state.ack, through)
 
     def _delete_acknowledged(self) -> None:
         """Invariant 1: outbox rows go only once their update is acknowledged (or was empty)."""
+        if self.state.captured_through <= self._deleted_through:
+            return  # deletable_through() is never above it
         through = self.state.deletable_through()
         if through > self._deleted_through:
             self._dialect.delete_outbox(self.engine, through)
@@ -229,12 +231,7 @@ class Wrapper:
         prepared = query.prepare(subquery, self.schema, self.engine.dialect.name)
         async with self._lock:
             async with self._capture_lock:
-                snapshot = await Snapshot.open(self._dialect, self.engine)
-                try:
-                    await snapshot.run(self._capture)
-                except BaseException:
-                    snapshot.close()
-                    raise
+                snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture)
                 watermark = self.state.last_seq
             try:
                 await self._ship_pending()  # through at least the watermark
