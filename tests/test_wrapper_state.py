@@ -35,11 +35,27 @@ def test_seqs_pending_and_acks_survive_a_restart(tmp_path: Path) -> None:
     again = WrapperState(tmp_path, "shop")
     assert (again.last_seq, again.acked_through, again.captured_through) == (2, 1, 7)
     assert again.pending(10) == before and [u.seq for u in before] == [2]
+    assert again.has_pending
     assert again.interest == interest
     again.ack(2)
     assert again.pending(10) == [] and again.pending_count() == 0
+    assert not again.has_pending
     assert again.deletable_through() == 7
     again.close()
+
+
+def test_has_pending_agrees_with_pending(tmp_path: Path) -> None:
+    """The ship loop asks ``has_pending`` (no query) before it reads ``pending``."""
+    state = WrapperState(tmp_path, "shop")
+    assert not state.has_pending
+    for i in range(1, 5):
+        state.record(change(i), outbox_through=i)
+        state.record([], outbox_through=i)  # filtered away: nothing more to ship
+        assert state.has_pending == bool(state.pending(10))
+    for through in (1, 3, 4):
+        state.ack(through)
+        assert state.has_pending == bool(state.pending(10)) == (through < 4)
+    state.close()
 
 
 def test_one_wrapper_per_state_and_source(tmp_path: Path) -> None:
@@ -70,3 +86,39 @@ def test_a_recreated_outbox_is_not_mistaken_for_the_old_one(tmp_path: Path) -> N
     engine.dispose()
     with pytest.raises(WrapperError, match="re-created"):
         Wrapper(config)
+
+
+async def test_snapshot_threads_are_reused_once_closed(tmp_path: Path) -> None:
+    """A subquery's snapshot runs in a thread of its own; a closed snapshot's thread serves
+    the next one, and a snapshot whose first step fails closes its connection."""
+    import threading
+
+    from wrappers.snapshot import Snapshot
+
+    db = tmp_path / "src.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE r (id INTEGER PRIMARY KEY)")
+    engine = capture.open_engine(f"sqlite:///{db}")
+    try:
+        first = await Snapshot.open(capture, engine)
+        second = await Snapshot.open(capture, engine)
+        idents = {await s.run(lambda _: threading.current_thread()) for s in (first, second)}
+        assert len(idents) == 2  # open snapshots never share a thread
+        first.close()
+        second.close()
+        await asyncio.sleep(0.05)  # closing runs in the snapshot's own thread
+        third = await Snapshot.open(capture, engine)
+        assert await third.run(lambda _: threading.current_thread()) in idents
+        third.close()
+        await asyncio.sleep(0.05)
+        assert engine.pool.checkedout() == 0
+
+        def fail(_: object) -> None:
+            raise RuntimeError("capture failed")
+
+        with pytest.raises(RuntimeError, match="capture failed"):
+            await Snapshot.open(capture, engine, then=fail)
+        assert engine.pool.checkedout() == 0  # the connection went back at once
+    finally:
+        engine.dispose()

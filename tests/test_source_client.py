@@ -1,0 +1,135 @@
+"""The manager's client of a source, against a real HTTP server that misbehaves on purpose:
+transport failures and 5xx answers are retried until the budget runs out, a 4xx answer is
+raised at once with the server's message, and bodies travel as the wire schemas say."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from api.schemas import Interest, RelationInterest, Subquery
+from pvm.serving import http_url, listen, start_serving, uvicorn_server
+from warehouse.sources import HttpSourceClient, SourceError
+
+
+class FlakySource:
+    """A wrapper stand-in that fails the first ``failures`` subqueries with ``status``."""
+
+    def __init__(self, failures: int = 0, status: int = 503) -> None:
+        self.failures = failures
+        self.status = status
+        self.bodies: list[dict] = []
+        self.headers: list[dict] = []
+        self.app = FastAPI()
+
+        @self.app.post("/v1/subquery")
+        async def subquery(request: Request) -> JSONResponse:
+            self.bodies.append(json.loads(await request.body()))
+            self.headers.append(dict(request.headers))
+            if len(self.bodies) <= self.failures:
+                return JSONResponse({"detail": f"failure {len(self.bodies)}"}, status_code=self.status)
+            return JSONResponse({"watermark": 7, "rows": [[0, "x", 1]], "elapsed_ms": 1.5})
+
+        @self.app.put("/v1/interest")
+        async def interest(request: Request) -> JSONResponse:
+            self.bodies.append(json.loads(await request.body()))
+            return JSONResponse({"boundary": 12})
+
+        @self.app.get("/v1/schema")
+        async def schema() -> JSONResponse:
+            return JSONResponse({"source": "s", "tables": {"r": {"columns": [{"name": "k", "type": "INTEGER"}], "primary_key": ["k"]}}})
+
+        @self.app.get("/v1/health")
+        async def health() -> JSONResponse:
+            return JSONResponse({"source": "s", "pending": 0})
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI, sock: socket.socket | None = None):
+    sock = sock or listen("127.0.0.1", 0)
+    server = uvicorn_server(app)
+    task = await start_serving(server, sock)
+    try:
+        yield http_url(sock)
+    finally:
+        server.should_exit = True
+        await task
+
+
+def request() -> Subquery:
+    return Subquery(relation="r", alias="r", keys=[[1], ["a"]], select=["k"], priority=3.5)
+
+
+async def test_an_answer_and_what_was_sent() -> None:
+    source = FlakySource()
+    async with serving(source.app) as url:
+        client = HttpSourceClient("s", url, token="t" * 40)
+        try:
+            answer = await client.subquery(request())
+            assert (answer.watermark, answer.rows, answer.elapsed_ms) == (7, [[0, "x", 1]], 1.5)
+            assert source.bodies == [request().model_dump()]
+            assert source.headers[0]["authorization"] == "Bearer " + "t" * 40
+            assert source.headers[0]["content-type"] == "application/json"
+            assert (await client.schema())["r"].primary_key == ("k",)
+            assert await client.set_interest(Interest(relations={"r": RelationInterest(columns=["k"], where=[None])})) == 12
+            assert (await client.health())["pending"] == 0
+        finally:
+            await client.aclose()
+
+
+async def test_server_errors_are_retried() -> None:
+    source = FlakySource(failures=2, status=503)
+    async with serving(source.app) as url:
+        client = HttpSourceClient("s", url, retry_seconds=30)
+        try:
+            assert (await client.subquery(request())).watermark == 7
+            assert len(source.bodies) == 3
+        finally:
+            await client.aclose()
+
+
+async def test_server_errors_past_the_budget_are_raised() -> None:
+    source = FlakySource(failures=1000, status=500)
+    async with serving(source.app) as url:
+        client = HttpSourceClient("s", url, retry_seconds=0.3)
+        try:
+            with pytest.raises(Exception, match="answered POST /v1/subquery with 500: failure"):
+                await client.subquery(request())
+            assert len(source.bodies) > 1
+        finally:
+            await client.aclose()
+
+
+async def test_a_refusal_is_raised_at_once_with_its_reason() -> None:
+    source = FlakySource(failures=1000, status=422)
+    async with serving(source.app) as url:
+        client = HttpSourceClient("s", url, retry_seconds=30)
+        try:
+            with pytest.raises(SourceError, match="refused POST /v1/subquery: failure 1"):
+                await client.subquery(request())
+            assert len(source.bodies) == 1
+        finally:
+            await client.aclose()
+
+
+async def test_a_source_that_comes_up_late_is_waited_for() -> None:
+    """Connection refused is a transport failure: retried until the wrapper listens."""
+    sock = listen("127.0.0.1", 0)
+    url = http_url(sock)
+    sock.close()  # nothing listens on the port for now
+    source = FlakySource()
+    client = HttpSourceClient("s", url, retry_seconds=30)
+    try:
+        pending = asyncio.create_task(client.subquery(request()))
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        async with serving(source.app, listen("127.0.0.1", int(url.rsplit(":", 1)[1]))):
+            assert (await asyncio.wait_for(pending, 30)).watermark == 7
+    finally:
+        await client.aclose()
