@@ -53,6 +53,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 
 from warehouse.manager import Manager, ManagerError
+from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
 
 MAX_QUERY_ROWS = 10_000
 QUERY_TIMEOUT_S = 120.0
@@ -61,7 +62,14 @@ router = APIRouter(tags=["analyst"])
 
 
 class QueryIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"sql": "SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC", "limit": 100}
+            ]
+        },
+    )
     sql: str = Field(
         min_length=1,
         max_length=100_000,
@@ -77,7 +85,7 @@ class QueryOut(BaseModel):
 
 
 class VerifyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"max_differences": 20}]})
     max_differences: int = Field(default=20, ge=0, le=10_000, description="rows listed at most, per kind")
 
 
@@ -148,7 +156,7 @@ _QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
 )
 
 _TABLE_ARGS = frozenset({"this", "alias", "pivots", "sample", "joins", "laterals"})
-_STORE_PREFIXES = ("pvm_zlog_", "pvm_base_")  # warehouse/store/spark.py: ZLOG_PREFIX, BASE_PREFIX
+_STORE_PREFIXES = (ZLOG_PREFIX, BASE_PREFIX)
 _CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 

@@ -19,13 +19,14 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source
-from api.metrics import registry_for, render, view_progress
-from api.schemas import CAPTURE_METHODS, Ack, UpdateBatch
+from api.metrics import registry_for, render
+from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, UpdateBatch, wrapper_url_problem
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
 from warehouse.receiver import ReceiveError
@@ -61,7 +62,7 @@ class SourceIn(BaseModel):
     wrapper_url: str = Field(
         min_length=8,
         max_length=500,
-        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        pattern=WRAPPER_URL_PATTERN,
         description="the wrapper's HTTP address (`pvm wrapper run --port`), not the source database's URL",
         examples=["http://127.0.0.1:8101"],
     )
@@ -80,6 +81,17 @@ class SourceIn(BaseModel):
         description="the secret the wrapper was started with (`--manager-token`, `PVM_MANAGER_TOKEN`); the manager "
         "sends it with every request to the wrapper. Omit it only for a wrapper that runs without one.",
     )
+
+    @field_validator("wrapper_url", mode="before")
+    @classmethod
+    def _wrapper_address(cls, value: Any) -> Any:
+        """Runs before the pattern (which stays in the schema for clients): a bare host:port or
+        a database URL is refused saying what goes where, as ``pvm source add`` does, instead of
+        quoting the pattern."""
+        problem = wrapper_url_problem(value, "wrapper_url") if isinstance(value, str) else None
+        if problem is not None:
+            raise PydanticCustomError("wrapper_url", problem)
+        return value
 
 
 class WrapperHealth(BaseModel):
@@ -313,15 +325,6 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 AUTH = (401, 403)
 
-# Request bodies of the analyst routes (api/analyst.py), shown in the OpenAPI description.
-ANALYST_BODY_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/v1/query"): {
-        "sql": "SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC",
-        "limit": 100,
-    },
-    ("POST", "/v1/views/{name}/verify"): {"max_differences": 20},
-}
-
 
 # -- the app ---------------------------------------------------------------------------------------
 def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_update_bytes: int = MAX_UPDATE_BODY_BYTES) -> FastAPI:
@@ -366,24 +369,7 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
     app.include_router(_token_routes(manager, app))
     # Analyst routes (read-only queries, verification) go in with their role:
     app.include_router(analyst.router, dependencies=[Depends(ANALYST)], responses=errors(*AUTH))
-    _document_bodies(app, ANALYST_BODY_EXAMPLES)
     return app
-
-
-def _document_bodies(app: FastAPI, examples: dict[tuple[str, str], dict[str, Any]]) -> None:
-    """Show an example request body in the OpenAPI operation of each (method, path) given."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            spec = generate()  # cached in app.openapi_schema: completed once
-            for (method, path), example in examples.items():
-                body = spec.get("paths", {}).get(path, {}).get(method.lower(), {}).get("requestBody")
-                for media in (body or {}).get("content", {}).values():
-                    media.setdefault("example", example)
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -630,8 +616,7 @@ def _view_routes(manager: Manager) -> APIRouter:
         return rows, watermark
 
     async def status(name: str) -> ViewOut:
-        out = dict(manager.status(name))
-        out.update(view_progress(manager.view(name)))
+        out = dict(manager.status(name))  # with the lag, computed once
         out["row_count"], out["row_count_as_of"] = await row_count(name)
         return ViewOut.model_validate(out)
 

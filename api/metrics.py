@@ -19,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from warehouse.manager import view_progress
+
 SUBQUERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 STATES = ("initializing", "active", "failed")
@@ -141,22 +143,6 @@ class ManagerCollector(Collector):
         yield from families.values()
         yield subquery
         yield groups
-
-
-def view_progress(handle: Any) -> dict[str, Any]:
-    """How far behind a view is: updates queued or running, updates not visible at W (queued,
-    plus every numbered unit above W), and the age of the oldest update not visible at W
-    (``warehouse.manager.lag_seconds``)."""
-    from warehouse.manager import lag_seconds
-
-    protocol = handle.maintainer.protocol
-    running = sum(len(u.updates) for u in protocol.ppu.values())
-    numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
-    return {
-        "updates_pending": len(protocol.umq) + running,
-        "lag_updates": len(protocol.umq) + numbered_above_w,
-        "lag_seconds": lag_seconds(protocol),
-    }
 
 
 def registry_for(manager: Any) -> CollectorRegistry:

@@ -6,6 +6,7 @@ Values are JSON scalars: integers, floats, strings, booleans and null.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +20,24 @@ MAX_SUBQUERY_KEYS = 200_000
 CAPTURE_METHODS = ("trigger", "timestamp", "application", "snapshot")
 """How a wrapper can capture its source's changes (``wrappers.capture.METHODS``); a source is
 registered with the one its wrapper runs, which the wrapper reports in its health."""
+
+WRAPPER_URL_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
+"""A wrapper's HTTP address (``pvm wrapper run --port``), as a source is registered with it."""
+
+
+def wrapper_url_problem(url: str, named: str) -> str | None:
+    """Why ``url`` cannot be a wrapper's address, naming where it was given (``named``: the
+    command's option or the API's field), or None. The usual mistakes are a bare host:port
+    and the source database's URL (which only the wrapper is given): the message says what
+    goes where, so ``pvm source add`` and ``POST /v1/sources`` refuse them in the same words."""
+    if re.fullmatch(WRAPPER_URL_PATTERN, url):
+        return None
+    did_you_mean = f" (did you mean 'http://{url}'?)" if re.fullmatch(r"[^\s/]+:\d+", url) else ""  # host:port
+    shown = url if len(url) <= 100 else url[:100] + "…"
+    return (
+        f"{named} is the wrapper's HTTP address (e.g. http://127.0.0.1:8101), not {shown!r}{did_you_mean}; "
+        "the source database's URL goes to the wrapper (`pvm wrapper run --url`)"
+    )
 
 
 class Change(BaseModel):

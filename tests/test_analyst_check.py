@@ -5,10 +5,15 @@ table of the session catalog."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import sqlglot
 
 from api.analyst import QueryRejected, check_query
+from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX
 from warehouse.store.types import spark_type
 
 VIEWS = ["order_details", "customers_v"]
@@ -134,6 +139,20 @@ def test_the_audit_statement_is_refused() -> None:
     )
     with pytest.raises(QueryRejected, match="pvm_zlog_v"):
         check_query(sql, ["v"])
+
+
+def test_store_names_are_refused_by_the_stores_own_constants_without_pyspark() -> None:
+    """The check takes the store's table names from ``warehouse/store/base.py``, not from
+    the Spark store, whose import would load pyspark into every process of the API."""
+    for prefix in (ZLOG_PREFIX, BASE_PREFIX):
+        with pytest.raises(QueryRejected, match="store table"):
+            check_query(f"WITH {prefix}x AS (SELECT 1 AS a) SELECT a FROM {prefix}x", VIEWS)
+    with pytest.raises(QueryRejected, match="qualified names"):  # the version tables
+        check_query(f"SELECT * FROM {VERSIONS_DB}.zlog_0_order_details", VIEWS)
+    probe = "import sys, api.analyst; print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(

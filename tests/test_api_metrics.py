@@ -79,3 +79,37 @@ async def test_metrics_follow_maintenance(tmp_path):
         assert after[("pvm_view_compensations_total", view)] == env.manager.view("v").maintainer.counters.compensations
         rows = (await c.get("/v1/views/v/rows", headers=env.auth("analyst"))).json()["rows"]
         assert sorted(map(tuple, rows)) == [(1, "late", 10), (1, "late", 11), (1, "x", 10), (1, "x", 11)]  # compensated: no double count
+
+
+async def test_a_status_request_or_scrape_computes_the_lag_once(tmp_path, monkeypatch):
+    """A view's status (one view or the list) and a scrape each compute its lag_seconds once
+    and show that value: status and gauges share one view_progress per view."""
+    import warehouse.manager
+    from warehouse.protocol import ViewProtocol
+
+    async with api_env(tmp_path) as env:
+        c, admin, analyst = env.client, env.auth("admin"), env.auth("analyst")
+        env.sources["a"].load("R", [(1, "x")])
+        env.sources["b"].load("S", [(1, 10)])
+        assert (await c.post("/v1/views", json={"sql": VIEW, "name": "v"}, headers=admin)).status_code == 201
+        await env.manager.wait_idle("v")
+        assert (await c.post("/v1/views/v/pause", headers=admin)).status_code == 200
+        env.sources["a"].commit([("R", 1, (2, "y"))])
+        await env.sources["a"].ship()  # queued while paused: not visible at W, so the lag grows
+        await asyncio.sleep(0.05)
+        computed: list[float] = []
+        real = warehouse.manager.lag_seconds
+
+        def counted(protocol: ViewProtocol, now: float | None = None) -> float:
+            computed.append(real(protocol, now))
+            return computed[-1]
+
+        monkeypatch.setattr(warehouse.manager, "lag_seconds", counted)
+        shown = (await c.get("/v1/views/v", headers=analyst)).json()["lag_seconds"]
+        assert computed == [shown] and shown >= 0.05
+        computed.clear()
+        listed = (await c.get("/v1/views", headers=analyst)).json()
+        assert computed == [listed[0]["lag_seconds"]]
+        computed.clear()
+        scraped = samples((await c.get("/metrics")).text)
+        assert computed == [scraped[("pvm_view_lag_seconds", (("view", "v"),))]]

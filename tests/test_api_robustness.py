@@ -98,6 +98,20 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         assert status["state"] == "active" and status["row_count"] == 1 and status["lag_updates"] == 0
 
 
+async def test_a_wrapper_address_that_is_not_http_is_refused_with_a_hint(tmp_path):
+    """wrapper_url without its scheme, or the source database's URL: 422 naming the field and
+    saying what goes where (as ``pvm source add`` does), not quoting a pattern; nothing registered."""
+    async with api_env(tmp_path) as env:
+        c, admin = env.client, env.auth("admin")
+        r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "127.0.0.1:8101"}, headers=admin)
+        detail = refused(r, 422, "wrapper_url", "the wrapper's HTTP address", "did you mean 'http://127.0.0.1:8101'", "pvm wrapper run --url")
+        assert "pattern" not in detail and r.json()["errors"][0]["loc"] == ["body", "wrapper_url"]
+        r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "sqlite:///shop.db"}, headers=admin)
+        refused(r, 422, "wrapper_url", "not 'sqlite:///shop.db'", "the source database's URL goes to the wrapper")
+        assert "c" not in env.manager.clients and "c" not in await env.manager.db("sources")
+        assert [s["name"] for s in (await c.get("/v1/sources", headers=admin)).json()] == ["a", "b"]
+
+
 @pytest.mark.parametrize("length", ["12abc", "-5"])
 async def test_invalid_content_length_is_refused(tmp_path, length):
     async with api_env(tmp_path) as env:

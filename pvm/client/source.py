@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from api.schemas import CAPTURE_METHODS
+from api.schemas import CAPTURE_METHODS, wrapper_url_problem
 from pvm.cli import CliError
 from pvm.client import Api, comma_list, connection_options, done, print_fields, print_json, print_table
 
@@ -52,11 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with Api(args) as api:
         if args.source_command == "add":
-            if not args.wrapper_url.startswith(("http://", "https://")):
-                raise CliError(
-                    f"--url is the wrapper's HTTP address (e.g. http://127.0.0.1:8101), not {args.wrapper_url!r}; "
-                    "the source database's URL goes to the wrapper (`pvm wrapper run --url`)"
-                )
+            problem = wrapper_url_problem(args.wrapper_url, "--url")
+            if problem is not None:
+                raise CliError(problem)
             body = {"name": args.name, "wrapper_url": args.wrapper_url, "capture": args.capture, "tables": comma_list(args.tables)}
             if args.manager_token:
                 body["manager_token"] = args.manager_token

@@ -7,12 +7,13 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
 from warehouse.store.base import Effect, StoreError
 from warehouse.store.compaction import CompactionPolicy, Compactor
-from warehouse.store.spark import SparkStore, ZlogStats, _order_span, _part_files
+from warehouse.store.spark import SparkStore, ZlogStats, _part_files, _read_footer
 from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
@@ -37,7 +38,7 @@ def compacted(spark_store: SparkStore, view: str) -> tuple[SparkStore, str, dict
     spark_store.commit(view, [effect(o) for o in (6, 7)])
     spark_store.commit(view, [effect(o) for o in (4, 5, 8)])
     files = _part_files(spark_store._state(view).meta.zlog_location)
-    assert sorted(_order_span(f) for f in files) == [(1, 3), (4, 8), (6, 7)]
+    assert sorted(_read_footer(f).span for f in files) == [(1, 3), (4, 8), (6, 7)]
     spark_store.publish(view, 5)
     before = states(spark_store, view, range(5, 9)) | {-1: spark_store.read(view)}
     old = spark_store._state(view).meta
@@ -250,6 +251,61 @@ def test_compactor_compacts_views_that_are_due(spark_store: SparkStore, view: st
     assert compactor.run_once() == []
     location = spark_store._state(view).meta.zlog_location
     assert len(_part_files(location)) <= 1
+
+
+def test_each_zlog_footer_is_read_once_and_outside_the_view_lock(
+    spark_store: SparkStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compactor asks for a view's z-log figures every interval, and compaction needs
+    each file's ``_order`` span: both come from the footers of files that never change, so
+    each is read once, without holding up commits, and the figures follow new commits and
+    compactions."""
+    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
+    state = spark_store._state(view)
+    reads: list[tuple[str, bool]] = []  # (path, whether the view lock was free meanwhile)
+    read_metadata = pq.read_metadata
+
+    def lock_is_free() -> bool:
+        free: list[bool] = []
+
+        def probe() -> None:  # from another thread: the view lock is reentrant
+            free.append(state.lock.acquire(blocking=False))
+            if free[0]:
+                state.lock.release()
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return free[0]
+
+    def recording_read_metadata(path: str, *args: object, **kwargs: object) -> pq.FileMetaData:
+        reads.append((path, lock_is_free()))
+        return read_metadata(path, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_metadata", recording_read_metadata)
+
+    def figures() -> tuple[int, int]:
+        stats = spark_store.zlog_stats(view)
+        return stats.files, stats.rows
+
+    spark_store.commit(view, [effect(1), effect(2)])  # 2 rows per effect
+    spark_store.commit(view, [effect(3)])
+    assert figures() == figures() == (2, 6)
+    assert len(reads) == 2
+    spark_store.commit(view, [effect(4)])
+    assert figures() == figures() == (3, 8)
+    assert len(reads) == 3
+    spark_store.publish(view, 3)
+    assert spark_store.compact(view)
+    assert len(reads) == 3  # the spans came from the footers zlog_stats had read
+    zlog = state.meta.zlog_location
+    assert figures() == figures() == (len(_part_files(zlog)), 2)  # order 4 is left
+    spark_store.commit(view, [effect(5)])
+    assert figures() == (len(_part_files(zlog)), 4)
+    paths = [path for path, _ in reads]
+    assert len(paths) == len(set(paths)) == 3 + len(_part_files(zlog))
+    assert all(free for _, free in reads)
+    assert set(state.footers) == set(_part_files(zlog))  # the compacted-away files are forgotten
 
 
 def test_failed_compaction_leaves_the_old_state(

@@ -58,14 +58,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from warehouse.store.base import Effect, StoreError
+from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
 from warehouse.zset import Row, ZSet
 
 WEIGHT = "_w"
 ORDER = "_order"
-ZLOG_PREFIX = "pvm_zlog_"
-BASE_PREFIX = "pvm_base_"
-VERSIONS_DB = "pvm_store"  # one table per kind and version of each view's files
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -370,9 +367,22 @@ class _View:
     compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
     dropped: bool = False
     visible_defined: bool = False  # the analysts' view exists in this session's catalog
+    footers: dict[str, _Footer] = field(default_factory=dict)  # by z-log file path
+    footers_lock: threading.Lock = field(default_factory=threading.Lock)  # not the view lock
 
     def committed(self, order: int) -> bool:
         return order in self.zlog_orders or _in_ranges(self.meta.compacted_orders, order)
+
+    def read_footers(self, files: Sequence[str]) -> list[_Footer]:
+        """The footers of ``files``, a listing of the current z-log, each read from disk the
+        first time only: the compactor asks for them every interval, and compaction again.
+        A data file never changes once written (appends add files, compaction writes a new
+        directory) and its name is unique, so a path's footer stays right; files no longer
+        listed (compacted away) are forgotten, so the cache holds one z-log's files."""
+        with self.footers_lock:
+            known = self.footers
+            self.footers = {f: known[f] if f in known else _read_footer(f) for f in files}
+            return [self.footers[f] for f in files]
 
 
 def _part_files(location: str) -> list[str]:
@@ -383,10 +393,22 @@ def _part_files(location: str) -> list[str]:
     return sorted(str(p) for p in path.iterdir() if p.name.startswith("part-"))
 
 
-def _order_span(path: str) -> tuple[int, int] | None:
+@dataclass(frozen=True)
+class _Footer:
+    """What the compactor needs from a z-log file's parquet footer."""
+
+    rows: int
+    span: tuple[int, int] | None  # smallest and largest ``_order``; None: the footer does not tell
+
+
+def _read_footer(path: str) -> _Footer:
+    meta = pq.read_metadata(path)
+    return _Footer(meta.num_rows, _order_span(meta))
+
+
+def _order_span(meta: pq.FileMetaData) -> tuple[int, int] | None:
     """Smallest and largest ``_order`` in a z-log file, from its parquet footer (Spark writes
     min/max statistics); None when the footer does not tell."""
-    meta = pq.read_metadata(path)
     column = meta.schema.names.index(ORDER)
     low = high = None
     for i in range(meta.num_row_groups):
@@ -722,13 +744,23 @@ class SparkStore:
 
     # -- compaction --------------------------------------------------------------------
     def zlog_stats(self, view: str) -> ZlogStats:
-        """Cheap figures from the file system and parquet footers, no Spark job."""
+        """Cheap figures from the file system and parquet footers, no Spark job. Only the
+        listing takes the view lock: commits and publishes do not wait for file reads."""
         self._retire()  # the compactor asks often: a good moment to delete what is due
-        with self._hold(view) as state:
-            meta = state.meta
-            files = _part_files(meta.zlog_location)
-            rows = sum(pq.read_metadata(f).num_rows for f in files)
-            oldest = min((os.path.getmtime(f) for f in files), default=time.time())
+        state = self._state(view)
+        while True:
+            with self._guard(state):
+                meta = state.meta
+                files = _part_files(meta.zlog_location)
+            try:
+                rows = sum(footer.rows for footer in state.read_footers(files))
+                oldest = min((os.path.getmtime(f) for f in files), default=time.time())
+                break
+            except FileNotFoundError:
+                # A compaction swapped the z-log and deleted the listed one (or a drop did,
+                # which the next guard reports): list again.
+                if state.meta.zlog_location == meta.zlog_location and not state.dropped:
+                    raise
         age = time.time() - oldest
         return ZlogStats(len(files), rows, age, meta.watermark, meta.compacted_through)
 
@@ -752,7 +784,7 @@ class SparkStore:
             new_base = self._location(view, "base", start.base_version + 1)
             new_zlog = self._location(view, "zlog", start.zlog_version + 1)
             try:
-                self._write_compacted(state.codec, start, snapshot, new_base, new_zlog)
+                self._write_compacted(state, start, snapshot, new_base, new_zlog)
                 return self._swap(state, start, snapshot, folded, new_base, new_zlog)
             except BaseException:
                 if state.meta.base_location != new_base:  # the record never pointed there
@@ -815,7 +847,7 @@ class SparkStore:
 
     def _write_compacted(
         self,
-        codec: _Codec,
+        state: _View,
         start: ViewMeta,
         zlog_files: Sequence[str],
         new_base: str,
@@ -827,8 +859,8 @@ class SparkStore:
         Each Spark job reads only the files that hold rows for it (by the ``_order`` range
         in their footers); a job with no such file is not run: the old base is linked into
         the new version, or the new z-log starts empty."""
-        bound = start.watermark
-        spans = {f: _order_span(f) for f in zlog_files}
+        codec, bound = state.codec, start.watermark
+        spans = {f: footer.span for f, footer in zip(zlog_files, state.read_footers(zlog_files))}
         upto = [f for f, span in spans.items() if span is None or span[0] <= bound]
         after = [f for f, span in spans.items() if span is None or span[1] > bound]
         if upto:
