@@ -1,9 +1,9 @@
 """The select-project-join plan of a view and its SWEEP subquery sequences.
 
 A view is ``π_outputs σ_join (R_1 × … × R_n)`` with local predicates pushed to each R_i.
-Relations keep their FROM-clause positions 0..n-1. Every relation carries the columns the
-view needs from it (outputs, join and local predicate columns): those are the only columns
-shipped for it, in updates and in subquery answers (Garg: projections pushed to the sources).
+Relations have positions 0..n-1 in FROM order. Every relation carries the columns the view needs from it
+(outputs, join and local predicate columns): those are the only columns shipped for it, in
+updates and in subquery answers (Garg: projections pushed to the sources).
 
 For a change of relation k, SWEEP joins the delta with the relations left of k from right to
 left, then with those right of k from left to right; relation k itself is never queried::
@@ -17,8 +17,8 @@ conjuncts whose relations are all present once that relation joins.
 Compensation does not depend on the order of the subqueries (it compares relation
 positions, not query times), so where SWEEP's next relation shares no join predicate with
 the partial result yet, the first one in SWEEP's order that does is taken instead. For a
-chain or any path that is SWEEP's order; for a star whose centre is not between its points
-in FROM order it avoids the cross product SWEEP's order would ship.
+chain or path written in its order that is SWEEP's order; for any other FROM order of a
+connected view it avoids the cross product SWEEP's order would ship.
 
 >>> from warehouse.expr import Col, Cmp
 >>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
@@ -147,42 +147,6 @@ class ViewPlan:
         layout = {c: i for i, c in enumerate(self.final_layout(changed))}
         idx = [layout[o.column] for o in self.outputs]
         return lambda row: tuple(row[i] for i in idx)
-
-
-def path_order(refs: tuple[RelationRef, ...], join: tuple[Expr, ...]) -> tuple[RelationRef, ...]:
-    """The relations along their join path, when the join graph is one.
-
-    SWEEP joins a delta with its left neighbours, then its right ones; a neighbour that
-    shares no predicate with the partial result is a cross product. When the relations
-    form a path in the join graph (a chain, or a star of three), ordering them along it
-    leaves no cross product for any changed relation. Other shapes keep the FROM order.
-
-    >>> from warehouse.expr import Col, Cmp
-    >>> o, c, p = (RelationRef(a, "s", a, ("k",)) for a in ("o", "c", "p"))
-    >>> star = (Cmp("=", Col("o", "k"), Col("c", "k")), Cmp("=", Col("o", "k"), Col("p", "k")))
-    >>> [r.alias for r in path_order((o, c, p), star)]
-    ['c', 'o', 'p']
-    """
-    aliases = [r.alias for r in refs]
-    edges: dict[str, set[str]] = {a: set() for a in aliases}
-    for conjunct in join:
-        rels = relations(conjunct)
-        if len(rels) == 2:
-            a, b = sorted(rels)
-            edges[a].add(b)
-            edges[b].add(a)
-    ends = [a for a in aliases if len(edges[a]) == 1]
-    if len(aliases) < 3 or len(ends) != 2 or any(len(e) > 2 for e in edges.values()):
-        return refs
-    path, previous = [ends[0]], None
-    while len(path) < len(aliases):
-        step = [b for b in edges[path[-1]] if b != previous]
-        if len(step) != 1:
-            return refs  # not connected: no single path
-        previous = path[-1]
-        path.append(step[0])
-    by_alias = {r.alias: r for r in refs}
-    return tuple(by_alias[a] for a in path)
 
 
 def sweep_order(k: int, n: int) -> list[int]:

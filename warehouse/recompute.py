@@ -1,9 +1,10 @@
 """First-principles recomputation: a view evaluated from scratch over relation contents.
 
-Each relation filtered by its local predicate, joined in FROM order (hashing on the
-column equalities available, which only narrows the pairs), then the whole WHERE clause
-again, then the projection: obvious, and sharing nothing with incremental maintenance but
-the predicate language. It is the oracle the tests hold maintenance to, and what ``pvm demo``
+Each relation filtered by its local predicate, joined one at a time (a relation with a
+column equality to those joined so far first, hashing on those equalities, so that no
+connected view costs a cross product), then the whole WHERE clause again, then the
+projection: obvious, and sharing nothing with incremental maintenance but the predicate
+language. It is the oracle the tests hold maintenance to, and what ``pvm demo``
 verifies the maintained view against (Garg's "first principle": recompute and compare).
 
 >>> from warehouse.expr import Col, Cmp
@@ -32,8 +33,10 @@ def recompute(
     """The view over ``contents[(source, table)]``, whose rows follow ``columns[(source, table)]``."""
     layout: list[expr.Col] = []
     combos = ZSet.unit()
-    for r in plan.relations:
-        cols = [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]
+    remaining = list(plan.relations)
+    while remaining:
+        cols, r = _next(plan.join, layout, remaining, columns)
+        remaining.remove(r)
         local = expr.compile_filter(r.where, {c: i for i, c in enumerate(cols)})
         table = contents[(r.source, r.table)].filter(local)
         left_keys, right_keys = _equalities(plan.join, layout, cols)
@@ -51,6 +54,13 @@ def recompute(
     keep = expr.compile_filter(where, index)
     outputs = [index[o.column] for o in plan.outputs]
     return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
+
+
+def _next(join, layout: list[expr.Col], remaining: list, columns) -> tuple[list[expr.Col], object]:
+    """The first remaining relation (in FROM order) with a column equality to ``layout``,
+    else the first remaining one; with its columns."""
+    candidates = [([expr.Col(r.alias, c) for c in columns[(r.source, r.table)]], r) for r in remaining]
+    return next((c for c in candidates if _equalities(join, layout, c[0])[0]), candidates[0])
 
 
 def _equalities(join, left: list[expr.Col], right: list[expr.Col]) -> tuple[list[int], list[int]]:

@@ -58,7 +58,7 @@ from warehouse.expr import (
     conjoin,
     relations,
 )
-from warehouse.plan import OutputColumn, RelationRef, ViewPlan, path_order
+from warehouse.plan import OutputColumn, RelationRef, ViewPlan
 
 Schema = Callable[[str, str], Sequence[str] | None]
 """``schema(source, table)``: the column names of a registered relation, None if unknown."""
@@ -116,7 +116,7 @@ def parse_view(sql: str, schema: Schema, name: str | None = None) -> ViewPlan:
     used = {o.column for o in outputs} | {c for e in join + list(local.values()) for c in columns(e)}
     return ViewPlan(
         name=view_name,
-        relations=path_order(tuple(_relation_ref(r, used, local.get(r.alias)) for r in rels), tuple(join)),
+        relations=tuple(_relation_ref(r, used, local.get(r.alias)) for r in rels),
         join=tuple(join),
         outputs=tuple(outputs),
         sql=sql,
