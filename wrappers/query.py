@@ -32,6 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from api.schemas import KEY_RELATION, Subquery
 from warehouse.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
@@ -197,9 +198,15 @@ def _key_width(on: Expr | None) -> int:
 
 # -- PostgreSQL and MariaDB: the same answers as warehouse.expr ---------------------------------
 class _Binary(sa.sql.expression.ColumnElement[Any]):
-    """A text column compared, grouped and selected under a binary collation."""
+    """A text column compared, grouped and selected under a binary collation.
 
-    inherit_cache = False  # no cache key of its own: PostgreSQL and MariaDB statements compile each time
+    Its cache key is the column's and the collation, so a statement holding it has one too,
+    and SQLAlchemy compiles each ``QueryShape``'s statement once per engine, not per call."""
+
+    _traverse_internals = [
+        ("column", InternalTraversal.dp_clauseelement),
+        ("collation", InternalTraversal.dp_string),
+    ]
 
     def __init__(self, column: Any, collation: str) -> None:
         self.column = column

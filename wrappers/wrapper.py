@@ -18,8 +18,8 @@ it reads any trigger-captured SQLite source (``wrappers.capture``).
 
 Two loops run. The ship loop captures, ships everything pending (retrying for as long as
 the manager is down, holding the ship lock) and deletes acknowledged changes. The pull
-loop polls a timestamp or snapshot source into the replica (``capture.pull``) and then
-captures the replica's new changes under the capture lock alone, so pulling and seq
+loop polls a timestamp or snapshot source into the replica (``capture.pull``) and, when
+the pull applied anything, captures the replica's new changes under the capture lock alone, so pulling and seq
 assignment go on while shipping waits for a manager that is down: the pending updates
 grow, durably, and ship once it is back. The pull itself assigns no seq: it is one
 replica transaction, which the next capture (under the capture lock) turns into an
@@ -157,12 +157,23 @@ class Wrapper:
     async def pull_once(self) -> None:
         """Timestamp and snapshot capture: poll the source into the replica, then capture the
         replica's new changes as the next update (capture lock only: never waits for shipping,
-        and a source that is down delays no shipping). Nothing to do for other methods."""
+        and a source that is down delays no shipping). Nothing to do for other methods.
+
+        Most pulls apply nothing (a snapshot is due once an interval), and then there is
+        nothing to capture. A pull that raises may have committed to the replica before it
+        failed, so that is captured as if it applied something."""
         if self.capture.pull is None:
             return
-        await asyncio.to_thread(self.capture.pull)
-        async with self._capture_lock:
-            await asyncio.to_thread(self._capture_now)
+        applied = False  # if cancelled (stopping): the replica's outbox is durable, the next start captures it
+        try:
+            applied = await asyncio.to_thread(self.capture.pull)
+        except Exception:
+            applied = True
+            raise
+        finally:
+            if applied:
+                async with self._capture_lock:
+                    await asyncio.to_thread(self._capture_now)
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
         failing = False

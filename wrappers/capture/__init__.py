@@ -101,7 +101,7 @@ class Capture:
     engine: sa.Engine
     schema: SourceSchema
     replica: Replica | None = None
-    pull: Callable[[], None] | None = None
+    pull: Callable[[], bool] | None = None  # True if it applied changes to the replica (they need capturing)
     source_engine: sa.Engine | None = None
     status: Callable[[], dict[str, Any]] | None = None
 

@@ -23,8 +23,9 @@ name are leftovers and are removed at start. A snapshot that cannot be differenc
 truncated or unreadable dump, a changed schema or key, a duplicate key) is reported in
 ``status()`` and the log, nothing is applied, and the kept snapshot stays for the next
 try; an unchanged bad dump is not read again. Duplicate keys are found whatever the
-algorithm and however far apart they are: the differential's changes are checked against
-the replica before they are applied (``_check_keys``).
+algorithm and however far apart they are: the differential's changes are checked among
+themselves (``_check_keys``), and an insert of a key the replica has is refused by
+``Replica.apply`` (``DuplicateKey``), the whole pull with it.
 
 The algorithm is chosen per table (``SnapshotOptions.algorithm``). ``auto`` runs the window
 algorithm (both snapshots read once) while the records of the last two snapshots moved
@@ -60,7 +61,7 @@ from wrappers.differential import (
 from wrappers.differential.records import IOStats, Key, Record, Rest
 from wrappers.differential.window import DEFAULT_INPUT_RECORDS
 from wrappers.errors import InvalidRequest
-from wrappers.replica import Replica, RowChange
+from wrappers.replica import DuplicateKey, Replica, RowChange
 from wrappers.schema import TableSchema
 
 log = logging.getLogger(__name__)
@@ -119,11 +120,12 @@ class SnapshotCapture:
             yield dict(zip(columns, map(wire_value, join(key, rest))))
 
     # -- every interval -------------------------------------------------------------------------
-    def pull(self) -> None:
-        """Take, difference and apply a snapshot of the due tables, once the interval passed."""
+    def pull(self) -> bool:
+        """Take, difference and apply a snapshot of the due tables, once the interval passed;
+        whether any row of the replica changed."""
         now = time.monotonic()
         if now < self._next_at:
-            return
+            return False
         self._next_at = now + self._options.interval
         signatures = {t: self._source.signature(t) for t in self._source.schema.tables}
         due = [
@@ -131,7 +133,7 @@ class SnapshotCapture:
             if sig is None or (sig != self._signatures.get(t) and sig != self._failed.get(t))
         ]  # fmt: skip
         if not due:
-            return
+            return False
         generation = self._generation + 1
         files: dict[str, Path] = {}
         try:
@@ -148,7 +150,7 @@ class SnapshotCapture:
                 changes.extend(row_changes(self._source.schema.tables[table], found))
             kept = {**self._kept, **{t: p.name for t, p in files.items()}}
             applied = {**self._signatures, **{t: signatures[t] for t in due}}
-            self._replica.apply(changes, self._meta(kept, applied, displacement, generation))
+            self._apply(changes, self._meta(kept, applied, displacement, generation), files)
         except (SnapshotError, InvalidRequest, OSError) as exc:
             for path in files.values():
                 path.unlink(missing_ok=True)
@@ -157,7 +159,7 @@ class SnapshotCapture:
             if message != self._status["last_error"]:
                 log.error("%s; the previous snapshot is kept", message)
             self._status["last_error"] = message
-            return
+            return False
         previous = [self._directory / self._kept[t] for t in due if t in self._kept]
         self._kept, self._signatures, self._displacement, self._generation = kept, applied, displacement, generation
         for table in due:
@@ -170,6 +172,7 @@ class SnapshotCapture:
         )  # fmt: skip
         if changes:
             log.info("snapshot %d: %s", generation, ", ".join(f"{t} {_describe(c)}" for t, c in counts.items()))
+        return bool(changes)
 
     def _algorithm(self, table: str) -> str:
         """The configured algorithm, or for ``auto`` the window while the last measured
@@ -197,28 +200,27 @@ class SnapshotCapture:
         return result.changes, _max_displacement(old.positions, new.positions)
 
     def _check_keys(self, table: str, changes: ChangeList, new_file: Path) -> None:
-        """SnapshotError if the new snapshot of ``table`` repeats a key, as ``changes`` show.
+        """SnapshotError if ``changes`` insert or update a key of ``table`` twice.
 
         The outer-join algorithms find every duplicate key, the window algorithm only those
         that meet in its buffers: a duplicate further away comes out as a second insert or
-        update of the key, or as an insert of a key the replica (the kept snapshot) still
-        has, unmatched and undeleted. Checking the changes against the replica finds those
-        too, for every algorithm, at the cost of one replica lookup per inserted key.
+        update of the key (found here), or as an insert of a key the replica (the kept
+        snapshot) still has, unmatched and undeleted (found by ``_apply``).
         """
-        deleted: set[Key] = set()
         written: set[Key] = set()
-        for change in changes:  # the deletes first
-            if change.kind == "delete":
-                deleted.add(change.key)
-            elif change.key in written:
+        for change in changes.others:
+            if change.key in written:
                 raise _duplicate(change.key, table, new_file)
-            else:
-                written.add(change.key)
-        inserted = [c.key for c in changes.others if c.kind == "insert" and c.key not in deleted]
-        wire = {tuple(map(wire_value, key)): key for key in inserted}
-        present = self._replica.rows(table, wire)
-        if present:
-            raise _duplicate(wire[next(iter(present))], table, new_file)
+            written.add(change.key)
+
+    def _apply(self, changes: list[RowChange], meta: dict[str, str], files: dict[str, Path]) -> None:
+        """Apply ``changes`` and ``meta`` to the replica. An insert of a key it has is a key
+        repeated in the new snapshot: the replica refuses it on the way (its primary key), so
+        inserted keys need no lookup of their own beforehand."""
+        try:
+            self._replica.apply(changes, meta)
+        except DuplicateKey as exc:
+            raise _duplicate(exc.key, exc.relation, files[exc.relation]) from None
 
     def _meta(self, files: dict[str, Any], signatures: dict[str, Any], displacement: dict[str, Any], generation: int) -> dict[str, str]:
         return {

@@ -11,6 +11,7 @@ interval, in one read snapshot of the source::
             changes += diff(the replica's rows of r, rows)
             kept[r] = s                       # split r if it grew past 2 * rows_per_range
     replica.apply(changes, ranges and checksums)   # one transaction: shipped as one update
+                                                   # (the ranges only if they changed)
 
 A range checksum is the row count and the sum of a 60-bit hash of every row, computed by
 the database itself (PostgreSQL's and MariaDB's ``md5``; for SQLite an aggregate the
@@ -42,7 +43,7 @@ from wrappers.capture.differencing import row_changes
 from wrappers.capture.types import family_of, wire_value
 from wrappers.differential import ChangeList, SnapshotError
 from wrappers.differential.partitioned_hash import diff_in_memory
-from wrappers.differential.range_checksums import KeyRange
+from wrappers.differential.range_checksums import KeyRange, RangePlanner, ranges_between, split_range
 from wrappers.differential.records import Record
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.replica import Replica, RowChange
@@ -62,9 +63,7 @@ class TableRanges:
     sums: list[str]
 
     def ranges(self) -> list[KeyRange]:
-        los: list[tuple[int, ...] | None] = [None, *self.bounds]
-        his: list[tuple[int, ...] | None] = [*self.bounds, None]
-        return [KeyRange(lo, hi) for lo, hi in zip(los, his)]
+        return ranges_between(self.bounds)
 
 
 class RangeCapture:
@@ -116,11 +115,11 @@ class RangeCapture:
         all in one read snapshot of the source."""
         conn = self._dialect.begin_snapshot(self._engine)
         try:
-            bounds: dict[str, list[tuple[int, ...]]] = {t: [] for t in self._schema.tables}
-            rows = {name: self._rows_planning(conn, table, bounds[name]) for name, table in self._schema.tables.items()}
-            self._replica.load(rows)  # consumes the generators, which fill ``bounds``
+            plans = {t: RangePlanner(self._rows_per_range) for t in self._schema.tables}
+            rows = {name: self._rows_planning(conn, table, plans[name]) for name, table in self._schema.tables.items()}
+            self._replica.load(rows)  # consumes the generators, which feed ``plans``
             ranges = {
-                name: TableRanges(bounds[name], [self._sum(conn, table, r) for r in TableRanges(bounds[name], []).ranges()])
+                name: TableRanges(plans[name].bounds, [self._sum(conn, table, r) for r in plans[name].ranges()])
                 for name, table in self._schema.tables.items()
             }  # fmt: skip
         except InvalidRequest as exc:
@@ -131,29 +130,32 @@ class RangeCapture:
         self._ranges = ranges
         self._status.update(snapshots=1, last_snapshot_at=time.time(), ranges={t: len(r.sums) for t, r in ranges.items()})
 
-    def _rows_planning(self, conn: sa.Connection, table: TableSchema, bounds: list[tuple[int, ...]]) -> Iterator[dict[str, Any]]:
-        """The table's rows in key order; every ``rows_per_range``-th key becomes a bound."""
-        for i, (key, rest) in enumerate(_records(conn, table, KeyRange(None, None))):
-            if i and i % self._rows_per_range == 0:
-                bounds.append(key)
+    def _rows_planning(self, conn: sa.Connection, table: TableSchema, plan: RangePlanner) -> Iterator[dict[str, Any]]:
+        """The table's rows in key order, each key fed to ``plan`` on the way."""
+        for key, rest in _records(conn, table, KeyRange(None, None)):
+            plan.add(key)
             yield dict(zip(_ordered_columns(table), (*key, *rest)))
 
     # -- every interval -------------------------------------------------------------------------
-    def pull(self) -> None:
-        """Probe every range once the interval passed; ship, difference and apply the changed ones."""
+    def pull(self) -> bool:
+        """Probe every range once the interval passed; ship, difference and apply the changed
+        ones; whether any row of the replica changed."""
         now = time.monotonic()
         if now < self._next_at:
-            return
+            return False
         self._next_at = now + self._interval
         try:
             changes, counts, ranges, shipped_ranges, shipped_rows = self._refresh()
-            self._replica.apply(changes, self._meta(ranges))
+            # Unchanged ranges and sums (most intervals) leave the replica untouched: no write at all.
+            meta = self._meta(ranges) if ranges != self._ranges else {}
+            if changes or meta:
+                self._replica.apply(changes, meta)
         except (SnapshotError, InvalidRequest, OSError, sa.exc.DBAPIError) as exc:
             message = f"range checksums not applied: {exc}"
             if message != self._status["last_error"]:
                 log.error("%s; the replica keeps the previous state", message)
             self._status["last_error"] = message
-            return
+            return False
         self._ranges = ranges
         self._status.update(
             snapshots=self._status["snapshots"] + 1, last_snapshot_at=time.time(), last_error=None,
@@ -164,6 +166,7 @@ class RangeCapture:
         )  # fmt: skip
         if changes:
             log.info("range checksums: %s", ", ".join(f"{t} {c}" for t, c in counts.items()))
+        return bool(changes)
 
     def _refresh(self) -> tuple[list[RowChange], dict[str, dict[str, int]], dict[str, TableRanges], int, int]:
         changes: list[RowChange] = []
@@ -190,7 +193,7 @@ class RangeCapture:
                     shipped_ranges += 1
                     shipped_rows += len(rows)
                     found.append(diff_in_memory(self._replica_rows(table, r), rows, where=f"{name} range {_show(r)}"))
-                    pieces = self._split(r, rows)
+                    pieces = split_range(r, rows, self._rows_per_range)
                     bounds.extend(p.lo for p in pieces[1:])  # type: ignore[misc]
                     sums.extend(s if len(pieces) == 1 else self._sum(conn, table, p) for p in pieces)
                 merged = ChangeList.from_changes(c for cl in found for c in cl)
@@ -200,16 +203,6 @@ class RangeCapture:
         finally:
             conn.close()
         return changes, counts, out, shipped_ranges, shipped_rows
-
-    def _split(self, r: KeyRange, rows: list[Record]) -> list[KeyRange]:
-        """``r`` as it is, or cut every ``rows_per_range`` rows once it holds more than twice that."""
-        n = self._rows_per_range
-        if len(rows) <= 2 * n:
-            return [r]
-        cuts = [rows[j][0] for j in range(n, len(rows), n)]
-        los: list[Any] = [r.lo, *cuts]
-        his: list[Any] = [*cuts, r.hi]
-        return [KeyRange(lo, hi) for lo, hi in zip(los, his)]
 
     # -- SQL ------------------------------------------------------------------------------------
     def _sum(self, conn: sa.Connection, table: TableSchema, r: KeyRange) -> str:

@@ -114,8 +114,9 @@ class TimestampCapture:
             conn.close()
         self._replica.load(rows)
 
-    def pull(self) -> None:
-        """Apply what changed at the source since the bound to the replica (one transaction)."""
+    def pull(self) -> bool:
+        """Apply what changed at the source since the bound to the replica (one transaction);
+        whether any row changed (the bound alone is metadata, which no capture sees)."""
         conn = self._dialect.begin_snapshot(self._engine)
         try:
             read = {t.name: self._read(conn, t, self._bounds.get(t.name)) for t in self._tables}
@@ -135,6 +136,7 @@ class TimestampCapture:
         # The bound moves only with the changes read below it: both in one replica transaction.
         self._replica.apply(changes, {"timestamp_bounds": _encode_bounds(bounds)})
         self._bounds = bounds
+        return bool(changes)
 
     def _differences(self, table: TableSchema, rows: list[tuple[dict[str, Any], Any, bool]]) -> list[RowChange]:
         keys = [tuple(row[c] for c in table.primary_key) for row, _, _ in rows]

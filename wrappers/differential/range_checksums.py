@@ -14,8 +14,11 @@ So only changed ranges cross the network and are differenced, and the source is 
 range by range (short transactions, no table-wide locks). Ranges are half-open key
 intervals ``[lo, hi)``; the first is unbounded below and the last above, so new keys at
 either end are always covered (Carnes's open-ended final range). The initialization step
-(``plan_ranges``) cuts the key-ordered table every ``rows_per_range`` rows; ``replan``
-re-runs it over the copy when the distribution has drifted.
+(``plan_ranges``, or ``RangePlanner`` as the rows stream by) cuts the key-ordered table
+every ``rows_per_range`` rows; a range that grew past twice that is cut the same way
+(``split_range``), and ``replan`` re-runs it over the copy when the distribution has
+drifted. Range-checksum capture (``wrappers.capture.ranges``) plans and splits its ranges
+with the same functions.
 
 The interface is two callables, so it works over SQL later: ``fetch_rows(range)`` returns
 the rows of a key range (a ``SELECT ... WHERE key >= lo AND key < hi``, see
@@ -54,12 +57,15 @@ from wrappers.differential.records import Key, Record
 __all__ = [
     "KeyRange",
     "RangeChecksumCopy",
+    "RangePlanner",
     "RangeSum",
     "RefreshResult",
     "plan_ranges",
     "range_sum",
+    "ranges_between",
     "row_hash",
     "source_checksums",
+    "split_range",
 ]
 
 _MOD = 1 << 64
@@ -144,25 +150,66 @@ def source_checksums(fetch_rows: Callable[[KeyRange], Iterable[Record]]) -> Call
     return source_sum
 
 
+def ranges_between(bounds: Sequence[Key], lo: Key | None = None, hi: Key | None = None) -> list[KeyRange]:
+    """The ranges from ``lo`` to ``hi`` cut at the ascending ``bounds``: ``[lo, b1), [b1,
+    b2), …, [bn, hi)`` (a plan is its bounds, which is what range-checksum capture stores).
+
+    >>> ranges_between([(3,)])
+    [KeyRange(lo=None, hi=(3,)), KeyRange(lo=(3,), hi=None)]
+    """
+    los: list[Key | None] = [lo, *bounds]
+    his: list[Key | None] = [*bounds, hi]
+    return [KeyRange(a, b) for a, b in zip(los, his, strict=True)]
+
+
+class RangePlanner:
+    """The initialization step fed one key at a time, in key order, so that it can run while
+    the rows stream elsewhere (into a replica): every ``rows_per_range``-th key starts a range."""
+
+    def __init__(self, rows_per_range: int) -> None:
+        if not isinstance(rows_per_range, int) or rows_per_range < 1:
+            raise ValueError(f"rows_per_range must be a positive integer, got {rows_per_range!r}")
+        self.rows_per_range = rows_per_range
+        self.bounds: list[Key] = []
+        self._seen = 0
+        self._prev: Any = None
+
+    def add(self, key: Key) -> None:
+        """The next key; SnapshotError if it is not above the previous one."""
+        if self._prev is not None and not self._prev < key:
+            raise SnapshotError(f"keys are not strictly increasing at {key!r} (after {self._prev!r}): unsorted or duplicate")
+        if self._seen and self._seen % self.rows_per_range == 0:
+            self.bounds.append(key)
+        self._prev = key
+        self._seen += 1
+
+    def ranges(self) -> list[KeyRange]:
+        return ranges_between(self.bounds)
+
+
 def plan_ranges(sorted_keys: Iterable[Key], rows_per_range: int) -> list[KeyRange]:
     """Cut key-ordered keys into ranges of ``rows_per_range`` rows (the initialization step).
 
     >>> plan_ranges([(1,), (2,), (3,), (4,), (5,)], 2)
     [KeyRange(lo=None, hi=(3,)), KeyRange(lo=(3,), hi=(5,)), KeyRange(lo=(5,), hi=None)]
     """
-    if not isinstance(rows_per_range, int) or rows_per_range < 1:
-        raise ValueError(f"rows_per_range must be a positive integer, got {rows_per_range!r}")
-    bounds: list[Key] = []
-    prev: Any = None
-    for i, k in enumerate(sorted_keys):
-        if prev is not None and not prev < k:
-            raise SnapshotError(f"keys are not strictly increasing at {k!r} (after {prev!r}): unsorted or duplicate")
-        prev = k
-        if i and i % rows_per_range == 0:
-            bounds.append(k)
-    los: list[Key | None] = [None, *bounds]
-    his: list[Key | None] = [*bounds, None]
-    return [KeyRange(lo, hi) for lo, hi in zip(los, his, strict=True)]
+    planner = RangePlanner(rows_per_range)
+    for key in sorted_keys:
+        planner.add(key)
+    return planner.ranges()
+
+
+def split_range(r: KeyRange, rows: Sequence[Record], rows_per_range: int) -> list[KeyRange]:
+    """``r`` as it is, or, once its ``rows`` (in key order) are more than twice
+    ``rows_per_range``, ``r`` cut every ``rows_per_range`` rows (the last piece takes the rest).
+
+    >>> split_range(KeyRange((0,), None), [((k,), ()) for k in range(5)], 2)
+    [KeyRange(lo=(0,), hi=(2,)), KeyRange(lo=(2,), hi=(4,)), KeyRange(lo=(4,), hi=None)]
+    """
+    n = rows_per_range
+    if len(rows) <= 2 * n:
+        return [r]
+    return ranges_between([rows[j][0] for j in range(n, len(rows), n)], r.lo, r.hi)
 
 
 @dataclass
@@ -247,17 +294,15 @@ class RangeChecksumCopy:
         sums: list[RangeSum] = []
         n = self.rows_per_range
         for r, part, s in zip(self.ranges, self._rows, self.sums, strict=True):
-            if len(part) <= 2 * n:
+            pieces = split_range(r, part, n)
+            if len(pieces) == 1:
                 ranges.append(r)
                 parts.append(part)
                 sums.append(s)
                 continue
-            cuts = [part[j][0] for j in range(n, len(part), n)]
-            los: list[Key | None] = [r.lo, *cuts]
-            his: list[Key | None] = [*cuts, r.hi]
-            for j, (lo, hi) in enumerate(zip(los, his, strict=True)):
-                chunk = part[j * n : (j + 1) * n] if j < len(cuts) else part[j * n :]
-                ranges.append(KeyRange(lo, hi))
+            for j, piece in enumerate(pieces):
+                chunk = part[j * n : (j + 1) * n] if j < len(pieces) - 1 else part[j * n :]
+                ranges.append(piece)
                 parts.append(chunk)
                 sums.append(range_sum(chunk))
         self.ranges, self._rows, self.sums = ranges, parts, sums

@@ -713,15 +713,27 @@ def write_csv(path: str | os.PathLike[str], schema: Schema, records: Iterable[Re
     n = 0
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
+        # csv quotes a line break only if it is in the line terminator: a bare "\r" would go
+        # out unquoted, and a reader takes it for the end of the line. Such rows (rare) are
+        # written with every field quoted.
+        quoted = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_ALL)
         w.writerow(schema.columns)
         if schema.key_is_prefix:
             rows = (k + r for k, r in records)
         else:
             rows = (schema.join(k, r) for k, r in records)
         for block in iter(lambda: list(islice(rows, 8192)), []):
-            w.writerows(block)
+            if any(_has_return(row) for row in block):
+                for row in block:
+                    (quoted if _has_return(row) else w).writerow(row)
+            else:
+                w.writerows(block)
             n += len(block)
     return n
+
+
+def _has_return(row: Sequence[Any]) -> bool:
+    return any(isinstance(v, str) and "\r" in v for v in row)
 
 
 # -- Parquet --------------------------------------------------------------------------------
