@@ -225,7 +225,8 @@ async def test_restart_recovers_running_and_queued_units(tmp_path):
     """The manager dies with units running and queued; a new one on the same catalog and
     store finishes them, and the view is right as of every watermark."""
     store = MemoryStore()
-    slow = Delays(before_snapshot=0.01, evaluation=0.02)
+    # slow enough that units still run 0.05 s after the last update, even on a busy machine
+    slow = Delays(before_snapshot=0.01, evaluation=0.1)
     catalog = tmp_path / "catalog.db"
     manager, sources = await start_sim_manager(catalog, TABLES, store=store, delays=slow)
     sources["a"].load("R", [(0, "a0"), (1, "a1")])
