@@ -701,7 +701,8 @@ class SparkStore:
             if fresh:
                 table = state.codec.effects_table(list(fresh.values()))
                 frame = self._spark.createDataFrame(table, schema=state.codec.zlog_schema)
-                frame.coalesce(1).write.insertInto(self.zlog_table(view))
+                # the version table: the stable one moves only after a compaction's swap
+                frame.coalesce(1).write.insertInto(self._version_tables(view, state.meta)[1])
                 state.zlog_orders.update(fresh)
             self.commit_groups.append(len(effects))
 
@@ -769,7 +770,7 @@ class SparkStore:
 
         The heavy writes run without the view lock, from a snapshot of the z-log's files;
         commits meanwhile append to the old z-log and are carried over to the new one under
-        the lock, together with the record update and the table swap. The record is the
+        the lock, together with the record update and the switch of the analysts' view. The record is the
         commit point: a crash before it leaves the old versions current, after it the new.
         Returns False when there was nothing to compact.
         """
@@ -783,49 +784,60 @@ class SparkStore:
                 return False
             new_base = self._location(view, "base", start.base_version + 1)
             new_zlog = self._location(view, "zlog", start.zlog_version + 1)
-            try:
-                self._write_compacted(state, start, snapshot, new_base, new_zlog)
-                return self._swap(state, start, snapshot, folded, new_base, new_zlog)
-            except BaseException:
-                if state.meta.base_location != new_base:  # the record never pointed there
-                    _remove(new_base, new_zlog)
-                raise
-
-    def _swap(
-        self,
-        state: _View,
-        start: ViewMeta,
-        snapshot: Sequence[str],
-        folded: set[int],
-        new_base: str,
-        new_zlog: str,
-    ) -> bool:
-        """Under the view lock: carry over late commits, switch the record, then the tables."""
-        with self._guard(state):
-            if state.meta.watermark < start.watermark:  # W was lowered meanwhile: give up
-                _remove(new_base, new_zlog)
-                return False
-            # Appended since the snapshot, all above its W: carried over as they are, so the
-            # commits this lock holds up wait for file links, not for a Spark job.
-            _link(sorted(set(_part_files(start.zlog_location)) - set(snapshot)), new_zlog)
-            meta = replace(
-                state.meta,
+            target = replace(
+                start,
                 base_location=new_base,
                 base_version=start.base_version + 1,
                 zlog_location=new_zlog,
                 zlog_version=start.zlog_version + 1,
+            )
+            try:
+                self._write_compacted(state, start, snapshot, new_base, new_zlog)
+                # Registered before the lock: nothing names the new tables until the swap.
+                self._register_versions(view, target, state.codec)
+                swapped = self._swap(state, start, snapshot, folded, target)
+            except BaseException:
+                if state.meta.base_location != new_base:  # the record never pointed there
+                    self._discard(view, target)
+                raise
+            if not swapped:
+                self._discard(view, target)
+                return False
+            # Moved after the lock: commits go to the version tables, and the stable names are
+            # for raw reads, which a compaction may show at different versions anyway.
+            self._relocate(self.base_table(view), new_base)
+            self._relocate(self.zlog_table(view), new_zlog)
+            self._retire(self._version_tables(view, start), (start.base_location, start.zlog_location))
+            return True
+
+    def _discard(self, view: str, target: ViewMeta) -> None:
+        """Remove a compaction's new versions that never became current."""
+        self._drop_tables(*self._version_tables(view, target))
+        _remove(target.base_location, target.zlog_location)
+
+    def _swap(
+        self, state: _View, start: ViewMeta, snapshot: Sequence[str], folded: set[int], target: ViewMeta
+    ) -> bool:
+        """Under the view lock: carry over late commits, switch the record and the analysts'
+        view. False (nothing changed) if W was lowered meanwhile."""
+        with self._guard(state):
+            if state.meta.watermark < start.watermark:
+                return False
+            # Appended since the snapshot, all above its W: carried over as they are, so the
+            # commits this lock holds up wait for file links, not for a Spark job.
+            _link(sorted(set(_part_files(start.zlog_location)) - set(snapshot)), target.zlog_location)
+            meta = replace(
+                state.meta,
+                base_location=target.base_location,
+                base_version=target.base_version,
+                zlog_location=target.zlog_location,
+                zlog_version=target.zlog_version,
                 compacted_through=start.watermark,
                 compacted_orders=tuple(_merge_ranges(list(start.compacted_orders), folded)),
             )
-            self._register_versions(state.name, meta, state.codec)
             self._save(state, meta)
             state.zlog_orders -= folded
             self._define_visible(state)  # the analysts' view moves to the new pair at once
-            self._relocate(self.base_table(state.name), new_base)
-            self._relocate(self.zlog_table(state.name), new_zlog)
-            self._retire(
-                self._version_tables(state.name, start), (start.base_location, start.zlog_location)
-            )
             return True
 
     def _retire(self, tables: Sequence[str] = (), locations: Sequence[str] = ()) -> None:
