@@ -180,8 +180,10 @@ class ViewMaintainer:
         self.counters.units_maintained += 1
         self._ready[unit.order] = effect
         self._ready_at[unit.order] = time.perf_counter()
-        self._commit_wake.set()
+        # The next unit first: its order-number record and this effect's commit record
+        # share the catalog's one thread, and a unit waiting to start holds a PPU slot idle.
         self._wake.set()
+        self._commit_wake.set()
 
     async def _fail(self, message: str) -> None:
         self.failed = message
