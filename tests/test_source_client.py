@@ -66,56 +66,50 @@ def request() -> Subquery:
     return Subquery(relation="r", alias="r", keys=[[1], ["a"]], select=["k"], priority=3.5)
 
 
-async def test_an_answer_and_what_was_sent() -> None:
-    source = FlakySource()
+@contextlib.asynccontextmanager
+async def client_of(source: FlakySource, **options):
+    """The manager's client of ``source``, served on a free port."""
     async with serving(source.app) as url:
-        client = HttpSourceClient("s", url, token="t" * 40)
+        client = HttpSourceClient("s", url, **options)
         try:
-            answer = await client.subquery(request())
-            assert (answer.watermark, answer.rows, answer.elapsed_ms) == (7, [[0, "x", 1]], 1.5)
-            assert source.bodies == [request().model_dump()]
-            assert source.headers[0]["authorization"] == "Bearer " + "t" * 40
-            assert source.headers[0]["content-type"] == "application/json"
-            assert (await client.schema())["r"].primary_key == ("k",)
-            assert await client.set_interest(Interest(relations={"r": RelationInterest(columns=["k"], where=[None])})) == 12
-            assert (await client.health())["pending"] == 0
+            yield client
         finally:
             await client.aclose()
+
+
+async def test_an_answer_and_what_was_sent() -> None:
+    source = FlakySource()
+    async with client_of(source, token="t" * 40) as client:
+        answer = await client.subquery(request())
+        assert (answer.watermark, answer.rows, answer.elapsed_ms) == (7, [[0, "x", 1]], 1.5)
+        assert source.bodies == [request().model_dump()]
+        assert source.headers[0]["authorization"] == "Bearer " + "t" * 40
+        assert source.headers[0]["content-type"] == "application/json"
+        assert (await client.schema())["r"].primary_key == ("k",)
+        assert await client.set_interest(Interest(relations={"r": RelationInterest(columns=["k"], where=[None])})) == 12
+        assert (await client.health())["pending"] == 0
 
 
 async def test_server_errors_are_retried() -> None:
     source = FlakySource(failures=2, status=503)
-    async with serving(source.app) as url:
-        client = HttpSourceClient("s", url, retry_seconds=30)
-        try:
-            assert (await client.subquery(request())).watermark == 7
-            assert len(source.bodies) == 3
-        finally:
-            await client.aclose()
+    async with client_of(source, retry_seconds=30) as client:
+        assert (await client.subquery(request())).watermark == 7
+        assert len(source.bodies) == 3
 
 
-async def test_server_errors_past_the_budget_are_raised() -> None:
-    source = FlakySource(failures=1000, status=500)
-    async with serving(source.app) as url:
-        client = HttpSourceClient("s", url, retry_seconds=0.3)
-        try:
-            with pytest.raises(Exception, match="answered POST /v1/subquery with 500: failure"):
-                await client.subquery(request())
-            assert len(source.bodies) > 1
-        finally:
-            await client.aclose()
-
-
-async def test_a_refusal_is_raised_at_once_with_its_reason() -> None:
-    source = FlakySource(failures=1000, status=422)
-    async with serving(source.app) as url:
-        client = HttpSourceClient("s", url, retry_seconds=30)
-        try:
-            with pytest.raises(SourceError, match="refused POST /v1/subquery: failure 1"):
-                await client.subquery(request())
-            assert len(source.bodies) == 1
-        finally:
-            await client.aclose()
+@pytest.mark.parametrize(
+    "status, budget, message, tries",
+    [
+        (500, 0.3, "answered POST /v1/subquery with 500: failure", "several"),  # retried, then raised
+        (422, 30, "refused POST /v1/subquery: failure 1", "one"),  # raised at once with its reason
+    ],
+)
+async def test_failures_are_raised_as_source_errors(status: int, budget: float, message: str, tries: str) -> None:
+    source = FlakySource(failures=1000, status=status)
+    async with client_of(source, retry_seconds=budget) as client:
+        with pytest.raises(SourceError, match=message):
+            await client.subquery(request())
+        assert (len(source.bodies) > 1) if tries == "several" else (len(source.bodies) == 1)
 
 
 async def test_a_source_that_comes_up_late_is_waited_for() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from warehouse import expr
-from warehouse.plan import ViewPlan
+from warehouse.plan import RelationRef, ViewPlan
 from warehouse.zset import ZSet
 
 
@@ -33,10 +33,7 @@ def recompute(
     """The view over ``contents[(source, table)]``, whose rows follow ``columns[(source, table)]``."""
     layout: list[expr.Col] = []
     combos = ZSet.unit()
-    remaining = list(plan.relations)
-    while remaining:
-        cols, r = _next(plan.join, layout, remaining, columns)
-        remaining.remove(r)
+    for r, cols in _join_order(plan, columns):
         local = expr.compile_filter(r.where, {c: i for i, c in enumerate(cols)})
         table = contents[(r.source, r.table)].filter(local)
         left_keys, right_keys = _equalities(plan.join, layout, cols)
@@ -56,11 +53,30 @@ def recompute(
     return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
 
 
-def _next(join, layout: list[expr.Col], remaining: list, columns) -> tuple[list[expr.Col], object]:
-    """The first remaining relation (in FROM order) with a column equality to ``layout``,
-    else the first remaining one; with its columns."""
-    candidates = [([expr.Col(r.alias, c) for c in columns[(r.source, r.table)]], r) for r in remaining]
-    return next((c for c in candidates if _equalities(join, layout, c[0])[0]), candidates[0])
+def _join_order(
+    plan: ViewPlan, columns: Mapping[tuple[str, str], tuple[str, ...]]
+) -> list[tuple[RelationRef, list[expr.Col]]]:
+    """The relations with their columns, each next one the first (in FROM order) with a
+    column equality to those before it, else the first left: no connected view is joined
+    through a cross product, whatever its FROM order.
+
+    >>> from warehouse.expr import Col, Cmp
+    >>> from warehouse.plan import OutputColumn
+    >>> a, c, b = (RelationRef(x, "s", x, ("k",)) for x in "acb")
+    >>> chain = (Cmp("=", Col("a", "k"), Col("b", "k")), Cmp("=", Col("b", "k"), Col("c", "k")))
+    >>> plan = ViewPlan("v", (a, c, b), chain, (OutputColumn("k", Col("a", "k")),))
+    >>> [r.alias for r, _ in _join_order(plan, {("s", x): ("k",) for x in "acb"})]
+    ['a', 'b', 'c']
+    """
+    remaining = {r.alias: (r, [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]) for r in plan.relations}
+    order: list[tuple[RelationRef, list[expr.Col]]] = []
+    layout: list[expr.Col] = []
+    while remaining:
+        joined = (a for a, (_, cols) in remaining.items() if _equalities(plan.join, layout, cols)[0])
+        r, cols = remaining.pop(next(joined, next(iter(remaining))))
+        order.append((r, cols))
+        layout += cols
+    return order
 
 
 def _equalities(join, left: list[expr.Col], right: list[expr.Col]) -> tuple[list[int], list[int]]:

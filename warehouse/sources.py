@@ -38,7 +38,8 @@ class TableSchema:
 
 
 class SourceError(Exception):
-    """A source refused a request (4xx) or stayed unreachable past the retry budget."""
+    """A source refused a request (4xx), or kept failing (5xx) past the retry budget. A
+    transport failure past the budget is raised as aiohttp's error."""
 
 
 class SourceClient(Protocol):
@@ -51,8 +52,9 @@ class SourceClient(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _ServerFailed(Exception):
-    """A 5xx answer: the wrapper is there but could not answer now (retried)."""
+class _ServerFailed(SourceError):
+    """A 5xx answer: the wrapper is there but could not answer now (retried; raised once the
+    retry budget is spent)."""
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -36,7 +36,12 @@ class _IdleThreads:
                 return self._idle.pop()
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pvm-snapshot")
 
-    def give_back(self, executor: ThreadPoolExecutor) -> None:
+    def release(self, executor: ThreadPoolExecutor, last: Callable[[], object] = lambda: None) -> None:
+        """Run ``last`` in the executor, then keep it for another snapshot: whatever it still
+        runs (a cancelled snapshot's statement) finishes first."""
+        executor.submit(last).add_done_callback(lambda _: self._give_back(executor))
+
+    def _give_back(self, executor: ThreadPoolExecutor) -> None:
         with self._lock:
             if len(self._idle) < self._keep:
                 self._idle.append(executor)
@@ -72,7 +77,7 @@ class Snapshot:
         try:
             conn = await asyncio.get_running_loop().run_in_executor(executor, begin)
         except BaseException:
-            executor.submit(lambda: None).add_done_callback(lambda _: _threads.give_back(executor))
+            _threads.release(executor)
             raise
         return cls(conn, executor)
 
@@ -83,9 +88,4 @@ class Snapshot:
     def close(self) -> None:
         """End the read transaction (after any statement still running); the thread is kept
         for another snapshot once it has closed this one."""
-        executor = self._executor
-
-        def reuse(_: Future[None]) -> None:
-            _threads.give_back(executor)
-
-        executor.submit(self._conn.close).add_done_callback(reuse)
+        _threads.release(self._executor, self._conn.close)

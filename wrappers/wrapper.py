@@ -145,8 +145,7 @@ class Wrapper:
         acknowledged changes from the outbox. While the manager is down this waits (holding
         the ship lock) until it takes the updates."""
         async with self._lock:
-            async with self._capture_lock:
-                await asyncio.to_thread(self._capture_now)
+            await self._capture_locked()
             await self._ship_pending()
             if not self._ordered:
                 async with self._capture_lock:
@@ -164,16 +163,17 @@ class Wrapper:
         failed, so that is captured as if it applied something."""
         if self.capture.pull is None:
             return
-        applied = False  # if cancelled (stopping): the replica's outbox is durable, the next start captures it
         try:
             applied = await asyncio.to_thread(self.capture.pull)
         except Exception:
-            applied = True
+            await self._capture_locked()
             raise
-        finally:
-            if applied:
-                async with self._capture_lock:
-                    await asyncio.to_thread(self._capture_now)
+        if applied:
+            await self._capture_locked()
+
+    async def _capture_locked(self) -> None:
+        async with self._capture_lock:
+            await asyncio.to_thread(self._capture_now)
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
         failing = False
