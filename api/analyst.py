@@ -1,7 +1,9 @@
 """The analysts' API: read-only Spark SQL over the views, and verification of a view.
 
-``POST /v1/query`` runs one SELECT in the manager's Spark session over the views as
-analysts see them (as of each view's watermark, bag semantics). The statement is parsed with
+``POST /v1/query`` runs one SELECT over the views as analysts see them (as of each view's
+watermark, bag semantics), in the analysts' query process (``warehouse/analysts``): a Spark
+application of its own, apart from the one that maintains the views, with its own limits on
+time, concurrency (per token and overall) and result size. The statement is parsed with
 sqlglot (Spark dialect) and refused with a 400 naming the problem unless it is:
 
 * exactly one query: a SELECT, or SELECTs combined with UNION / INTERSECT / EXCEPT, with
@@ -26,8 +28,10 @@ so the check and the execution cannot disagree on what the statement is. It is g
 with nested ``WITH`` clauses kept where they are (sqlglot's Spark generator would otherwise
 hoist them to the top, changing which names they hide), then parsed and checked once more:
 what Spark receives is itself a statement that passes the check. Results are
-limited to ``limit`` rows (``truncated`` tells whether there were more) and a query running
-longer than ``QUERY_TIMEOUT_S`` is cancelled.
+limited to ``limit`` rows and the process's result size (``truncated`` tells whether there
+were more); a query running longer than the timeout (``pvm serve --query-timeout``, default
+``QUERY_TIMEOUT_S``) is cancelled, and the process is restarted if its work goes on
+regardless. A busy process answers 429, a starting one 503, both with ``Retry-After``.
 
 ``POST /v1/views/{name}/verify`` recomputes the view from its sources and compares it with
 the store as of the watermark (``warehouse/verify.py``).
@@ -35,23 +39,19 @@ the store as of the watermark (``warehouse/verify.py``).
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import datetime
-import decimal
-import math
 import re
-import uuid
 from collections.abc import Collection
 from typing import Any
 
 import sqlglot
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 
+from api.auth import Principal
+from warehouse.analysts.supervisor import AnalystError, AnalystProcess
 from warehouse.manager import Manager, ManagerError
 from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
 
@@ -293,53 +293,27 @@ def _check_function(node: exp.Func) -> None:
 # -- running it ----------------------------------------------------------------------------------
 
 
-def json_value(value: Any) -> Any:
-    """A JSON-friendly form of what Spark returns."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {str(k): json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        if all(isinstance(item, tuple) and len(item) == 2 for item in value) and value:
-            return {str(k): json_value(v) for k, v in value}  # Arrow maps come as pairs
-        return [json_value(v) for v in value]
-    return str(value)
-
-
-def run_query(spark, sql: str, limit: int, tag: str) -> tuple[list[str], list[list[Any]], bool]:
-    """Run checked Spark SQL under job tag ``tag`` (so it can be cancelled); blocking."""
-    context = spark.sparkContext
-    context.addJobTag(tag)
-    try:
-        frame = spark.sql(sql)
-        table = frame.limit(limit + 1).toArrow()
-    finally:
-        context.removeJobTag(tag)
-    columns = list(frame.columns)
-    data = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    rows = [[json_value(v) for v in row] for row in zip(*data)] if data else []
-    return columns, rows[:limit], len(rows) > limit
-
-
 def _manager(request: Request) -> Manager:
     return request.app.state.manager
 
 
-def _spark(manager: Manager):
-    spark = getattr(manager.store, "spark", None)
-    if spark is None:
+def who(request: Request) -> str:
+    """Whose request it is, for the per-token limits (the router authenticated it)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return "an unknown token" if principal is None else principal.describe()
+
+
+def analysts_of(manager: Manager) -> AnalystProcess:
+    """The analysts' query process of the manager; 501 without one (the in-process store)."""
+    if manager.analysts is None:
         raise ManagerError("analyst SQL needs the Spark view store (pvm serve --store spark)", 501)
-    return spark
+    return manager.analysts
+
+
+def analyst_error(exc: AnalystError) -> HTTPException:
+    """The HTTP answer to analysts' work the query process refused or could not do."""
+    headers = None if exc.retry_after is None else {"Retry-After": str(int(exc.retry_after))}
+    return HTTPException(status_code=exc.status, detail=str(exc), headers=headers)
 
 
 @router.post(
@@ -365,25 +339,19 @@ def _spark(manager: Manager):
     },
 )
 async def query(body: QueryIn, request: Request) -> QueryOut:
-    """One read-only SELECT over the views (as of their watermarks), in Spark SQL."""
+    """One read-only SELECT over the views (as of their watermarks), run by the analysts'
+    query process (``warehouse/analysts``), never in the process that maintains the views."""
     manager = _manager(request)
-    spark = _spark(manager)
+    analysts = analysts_of(manager)
     try:
         sql = check_query(body.sql, manager.views)
     except QueryRejected as exc:
         raise ManagerError(str(exc), 400) from exc
-    tag = f"pvm-query-{uuid.uuid4().hex}"
-    task = asyncio.create_task(asyncio.to_thread(run_query, spark, sql, body.limit, tag))
     try:
-        columns, rows, truncated = await asyncio.wait_for(asyncio.shield(task), QUERY_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        spark.sparkContext.cancelJobsWithTag(tag)
-        raise ManagerError(f"the query ran longer than {QUERY_TIMEOUT_S:.0f} s and was cancelled", 400) from None
-    except Exception as exc:
-        if isinstance(exc, ManagerError):
-            raise
-        raise ManagerError(f"the query failed: {_spark_message(exc)}", 400) from exc
-    return QueryOut(columns=columns, rows=rows, truncated=truncated)
+        result = await analysts.query(sql, body.limit, who(request))
+    except AnalystError as exc:
+        raise analyst_error(exc) from exc
+    return QueryOut(columns=result.columns, rows=result.rows, truncated=result.truncated)
 
 
 @router.post(
@@ -428,9 +396,3 @@ async def verify(name: str, request: Request, body: VerifyIn | None = None) -> d
     except VerifyError as exc:
         raise ManagerError(str(exc), exc.status) from exc
     return report.to_dict()
-
-
-def _spark_message(exc: BaseException) -> str:
-    """The first line of a Spark error, without the JVM stack trace."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:1000] if lines else type(exc).__name__

@@ -27,6 +27,7 @@ from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source
 from api.metrics import registry_for, render
 from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, UpdateBatch, wrapper_url_problem
+from warehouse.analysts.supervisor import AnalystError
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
 from warehouse.receiver import ReceiveError
@@ -327,7 +328,15 @@ AUTH = (401, 403)
 
 
 # -- the app ---------------------------------------------------------------------------------------
-def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_update_bytes: int = MAX_UPDATE_BODY_BYTES) -> FastAPI:
+def create_app(
+    manager: Manager,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_update_bytes: int = MAX_UPDATE_BODY_BYTES,
+    verifier: TokenVerifier | None = None,
+) -> FastAPI:
+    """The manager's app; ``verifier`` resolves bearer tokens (shared with the Spark Connect
+    gateway, so that revoking a token ends both kinds of access at once)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await manager.start()
@@ -358,7 +367,7 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
         ],
     )
     app.state.manager = manager
-    app.state.auth = TokenVerifier(lambda token_id: manager.db("token", token_id))
+    app.state.auth = verifier or TokenVerifier(lambda token_id: manager.db("token", token_id))
     app.state.metrics = registry_for(manager)
     app.add_middleware(BodyLimit, default=max_body_bytes, limits={"/v1/updates": max_update_bytes})
     _error_handlers(app)
@@ -702,6 +711,7 @@ def _view_routes(manager: Manager) -> APIRouter:
         responses=errors(*AUTH, 404, 422),
     )
     async def view_rows(
+        request: Request,
         name: str = Path(max_length=200),
         as_of: int | None = Query(default=None, ge=0, le=2**62, description="an order number <= the watermark"),
         latest: bool = Query(default=False, description="include effects committed out of order"),
@@ -712,17 +722,18 @@ def _view_routes(manager: Manager) -> APIRouter:
         handle = manager.view(name)
         if latest and as_of is not None:
             raise ManagerError("give either as_of or latest, not both", 422)
-        watermark = manager.watermark(name)
-        pinned = None if latest else (watermark if as_of is None else as_of)
-        rows = sorted(await asyncio.to_thread(manager.read_rows, name, pinned, latest), key=_sort_key)
+        try:
+            watermark, pinned, total, rows = await manager.read_page(name, as_of, latest, offset, limit, analyst.who(request))
+        except AnalystError as exc:
+            raise analyst.analyst_error(exc) from exc
         return RowsOut(
             view=name,
             columns=list(handle.plan.output_names),
             watermark=watermark,
-            as_of=None if latest else (watermark if as_of is None else as_of),
-            total=len(rows),
+            as_of=pinned,
+            total=total,
             offset=offset,
-            rows=[list(r) for r in rows[offset : offset + limit]],
+            rows=rows,
         )
 
     return router
@@ -778,7 +789,3 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
         return out(info)
 
     return router
-
-
-def _sort_key(row: tuple) -> tuple:
-    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)

@@ -143,6 +143,15 @@ class ManagerCollector(Collector):
         yield from families.values()
         yield subquery
         yield groups
+        if m.analysts is not None:
+            yield from _analyst_metrics(m.analysts.status())
+
+
+def _analyst_metrics(status: dict[str, Any]) -> Iterator[Metric]:
+    """The analysts' query process (``warehouse/analysts``)."""
+    yield GaugeMetricFamily("pvm_analyst_ready", "1 when the analysts' query process takes queries", value=float(status["ready"]))
+    yield CounterMetricFamily("pvm_analyst_restarts", "Restarts of the analysts' query process", value=status["restarts"])
+    yield GaugeMetricFamily("pvm_analyst_queries_running", "Analyst queries and row reads running now", value=status["running"])
 
 
 def registry_for(manager: Any) -> CollectorRegistry:

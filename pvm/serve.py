@@ -24,8 +24,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--spark-conf", action="append", default=[], metavar="KEY=VALUE",
         help="a Spark setting for the service's session, e.g. spark.driver.memory=4g; repeatable (overrides the service's defaults)",
     )
-    parser.add_argument("--connect-host", default=None, help="interface of the Spark Connect server for analysts (default: --host)")
-    parser.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port; 0 picks a free one, -1 starts no server (default: 15002)")
+    parser.add_argument(
+        "--connect-port", type=int, default=-1,
+        help="serve Spark Connect to analysts on this port (their analyst tokens required); 0 picks a free one (default: -1, off)",
+    )
+    parser.add_argument("--connect-host", default=None, help="interface of Spark Connect (default: --host)")
+    parser.add_argument("--connect-tls-cert", type=Path, default=None, help="TLS certificate (PEM) for Spark Connect; needed off loopback")
+    parser.add_argument("--connect-tls-key", type=Path, default=None, help="TLS private key (PEM) for Spark Connect")
+    analysts = parser.add_argument_group("analysts' queries (run in a Spark process of their own)")
+    analysts.add_argument("--analyst-memory", default="1g", help="heap of the analysts' Spark process, e.g. 2g (default: 1g)")
+    analysts.add_argument("--analyst-master", default="local[2]", help="Spark master of the analysts' process (default: local[2])")
+    analysts.add_argument("--analyst-concurrency", type=int, default=4, help="analyst queries run at once, all tokens (default: 4)")
+    analysts.add_argument("--analyst-per-token", type=int, default=2, help="analyst queries one token may run at once (default: 2)")
+    analysts.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS", help="an analyst query is stopped after this long (default: 120)")
+    analysts.add_argument("--max-result-bytes", type=int, default=16 << 20, help="size of an analyst query's answer at most (default: 16 MiB)")
+    analysts.add_argument("--analyst-user", default=None, help="OS user to run the analysts' process as (pvm serve must run as root)")
     parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
     parser.add_argument("--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)")
     parser.add_argument(
@@ -42,7 +55,10 @@ def catalog_url(data_dir: Path, catalog: str | None) -> str:
     return f"sqlite:///{(data_dir / 'catalog.db').resolve()}"
 
 
-def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None):
+def open_store(
+    kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None,
+    retire_after_s: float = 0.0,
+):
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
@@ -53,19 +69,43 @@ def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str, 
 
     spark_dir = data_dir / "spark"
     spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf)
-    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retention_s())
+    return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
 
 
-# Beyond the query timeout: cancelling a Spark job takes effect between tasks, not at once.
+# Beyond the query timeout and its grace: cancelling a Spark job takes effect between tasks.
 RETENTION_MARGIN_S = 60.0
 
 
-def retention_s() -> float:
-    """How long a compacted-away table version stays on disk: an analyst's REST query planned
-    on it before the swap runs at most ``QUERY_TIMEOUT_S`` before it is cancelled."""
+def query_timeout_s(args: argparse.Namespace) -> float:
     from api.analyst import QUERY_TIMEOUT_S
 
-    return QUERY_TIMEOUT_S + RETENTION_MARGIN_S
+    return QUERY_TIMEOUT_S if getattr(args, "query_timeout", None) is None else args.query_timeout
+
+
+def retention_s(args: argparse.Namespace) -> float:
+    """How long a compacted-away table version stays on disk: an analyst's query planned on
+    it before the swap runs at most the query timeout, and its grace, before it is ended."""
+    from warehouse.analysts.supervisor import AnalystSettings
+
+    return query_timeout_s(args) + AnalystSettings.grace_s + RETENTION_MARGIN_S
+
+
+def analyst_settings(args: argparse.Namespace, spark_conf: dict[str, str]):
+    """How the analysts' query process runs, from ``pvm serve``'s options."""
+    from warehouse.analysts.supervisor import AnalystSettings
+
+    return AnalystSettings(
+        work_dir=args.data_dir / "analysts",
+        master=args.analyst_master,
+        memory=args.analyst_memory,
+        concurrency=args.analyst_concurrency,
+        per_principal=args.analyst_per_token,
+        timeout_s=query_timeout_s(args),
+        max_result_bytes=args.max_result_bytes,
+        connect_port=0 if args.connect_port >= 0 else -1,
+        user=args.analyst_user,
+        spark_conf={k: v for k, v in spark_conf.items() if k == "spark.sql.shuffle.partitions"},
+    )
 
 
 def announce_first_admin_token(url: str) -> None:
@@ -91,6 +131,7 @@ def announce_first_admin_token(url: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.auth import TokenVerifier
     from api.manager_app import create_app
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.manager import Manager
@@ -103,19 +144,22 @@ def run(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf)
-    background = start_spark_services(store, args) if args.store == "spark" else []
+    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf, retire_after_s=retention_s(args))
+    background: list = []
     try:
-        manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
-        server = uvicorn_server(create_app(manager))
+        analysts = start_spark_services(store, args, spark_conf, background) if args.store == "spark" else None
+        manager = Manager(
+            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, analysts=analysts
+        )
+        verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
+        if analysts is not None and args.connect_port >= 0:
+            start_connect_gateway(manager, analysts, verifier, args, background)
+        server = uvicorn_server(create_app(manager, verifier=verifier))
         return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
     finally:
         for stop in reversed(background):
             stop()
         sock.close()
-
-
-CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
 
 
 def check_options(args: argparse.Namespace) -> dict[str, str]:
@@ -129,8 +173,29 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
     if args.store == "spark":
         if not (math.isfinite(args.compaction_interval) and args.compaction_interval > 0):
             raise CliError("--compaction-interval must be positive")
+        check_analyst_options(args)
         check_connect_exposure(args)
+    elif args.connect_port >= 0:
+        raise CliError("--connect-port needs the Spark store (--store spark)")
     return spark_conf
+
+
+def check_analyst_options(args: argparse.Namespace) -> None:
+    if args.analyst_concurrency < 1 or args.analyst_per_token < 1:
+        raise CliError("--analyst-concurrency and --analyst-per-token must be at least 1")
+    if args.query_timeout is not None and not (math.isfinite(args.query_timeout) and args.query_timeout > 0):
+        raise CliError("--query-timeout must be a positive number of seconds")
+    if args.max_result_bytes < 1024:
+        raise CliError("--max-result-bytes must be at least 1024")
+    if args.analyst_user is not None:
+        import pwd
+
+        try:
+            pwd.getpwnam(args.analyst_user)
+        except KeyError:
+            raise CliError(f"--analyst-user {args.analyst_user!r}: no such OS user") from None
+        if os.geteuid() != 0:
+            raise CliError("--analyst-user needs pvm serve to run as root (it starts the analysts' process as that user)")
 
 
 def spark_settings(pairs: list[str]) -> dict[str, str]:
@@ -146,37 +211,56 @@ def spark_settings(pairs: list[str]) -> dict[str, str]:
 
 
 def check_connect_exposure(args: argparse.Namespace) -> None:
-    """Refuse a Spark Connect server reachable from other machines without a token."""
-    from warehouse.store.spark_connect import exposure_problem
+    """Refuse Spark Connect off loopback without TLS: clients would not send their tokens."""
+    from warehouse.store.spark_connect import is_loopback
 
     if args.connect_port < 0:
         return
     host = args.connect_host or args.host
-    problem = exposure_problem(host, os.environ.get(CONNECT_TOKEN_ENV) or None)
-    if problem is not None:
+    if (args.connect_tls_cert is None) != (args.connect_tls_key is None):
+        raise CliError("--connect-tls-cert and --connect-tls-key go together")
+    for path in (args.connect_tls_cert, args.connect_tls_key):
+        if path is not None and not path.is_file():
+            raise CliError(f"{path}: no such file")
+    if not is_loopback(host) and args.connect_tls_cert is None:
         raise CliError(
-            f"{problem}. Set {CONNECT_TOKEN_ENV}=<secret> to require a token from clients, "
-            "or keep it on loopback with --connect-host 127.0.0.1, or start no server with --connect-port -1"
+            f"Spark Connect on {host!r} (not loopback) needs TLS: clients send their tokens only over TLS or to "
+            "localhost. Give --connect-tls-cert and --connect-tls-key, or --connect-host 127.0.0.1"
         )
 
 
-def start_spark_services(store, args: argparse.Namespace) -> list:
-    """The Spark store's companions: background compaction, and the Spark Connect server
-    analysts query the views through (its address goes to stdout). Returns their stoppers.
-    ``check_options`` has vetted ``args``."""
+def start_spark_services(store, args: argparse.Namespace, spark_conf: dict[str, str], stoppers: list):
+    """The Spark store's companions: background compaction, and the analysts' query process,
+    which shows the store's views to analysts. Their stoppers go to ``stoppers``; returns the
+    query process. ``check_options`` has vetted ``args``."""
+    from warehouse.analysts.supervisor import AnalystProcess
     from warehouse.store.compaction import Compactor
-    from warehouse.store.spark_connect import ConnectError, start_connect_server, stop_connect_server
 
     compactor = Compactor(store, interval_s=args.compaction_interval)
     compactor.start()
-    stoppers = [compactor.stop]
-    if args.connect_port >= 0:
-        host = args.connect_host or args.host
-        try:
-            connect = start_connect_server(store.spark, host, args.connect_port, os.environ.get(CONNECT_TOKEN_ENV) or None)
-        except ConnectError as exc:
-            compactor.stop()
-            raise CliError(f"{exc} (--connect-port -1 runs without Spark Connect)") from exc
-        stoppers.append(lambda: stop_connect_server(store.spark))
-        print(f"spark connect on {connect.url}", flush=True)
-    return stoppers
+    stoppers.append(compactor.stop)
+    analysts = AnalystProcess(analyst_settings(args, spark_conf))
+    store.subscribe(analysts.publish)
+    analysts.start()
+    stoppers.append(analysts.stop)
+    return analysts
+
+
+def start_connect_gateway(manager, analysts, verifier, args: argparse.Namespace, stoppers: list) -> None:
+    """Spark Connect for analysts (``api/connect_gateway.py``); its address goes to stdout."""
+    from api.connect_gateway import ConnectGateway, GatewayError, GatewaySettings
+
+    settings = GatewaySettings(
+        host=args.connect_host or args.host,
+        port=args.connect_port,
+        timeout_s=query_timeout_s(args),
+        tls_cert=args.connect_tls_cert,
+        tls_key=args.connect_tls_key,
+    )
+    gateway = ConnectGateway(settings, verifier.verify, analysts, lambda: list(manager.views))
+    try:
+        address = gateway.start()
+    except GatewayError as exc:
+        raise CliError(f"{exc} (without --connect-port, Spark Connect stays off)") from exc
+    stoppers.append(gateway.stop)
+    print(f"spark connect on {address} (analysts add ;token=<their token>)", flush=True)

@@ -1,6 +1,6 @@
 """``pvm serve`` options checked before anything starts (no Spark, no socket): the commit
-interval, Spark Connect refused on a non-loopback interface without a token, and how long
-compacted table versions are kept for analysts' queries."""
+interval, Spark Connect (off by default, refused off loopback without TLS), the analysts'
+query process, and how long compacted table versions are kept for analysts' queries."""
 
 from __future__ import annotations
 
@@ -18,41 +18,62 @@ def pvm(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.fixture(autouse=True)
-def no_connect_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(serve.CONNECT_TOKEN_ENV, raising=False)
+def test_spark_connect_is_off_unless_configured() -> None:
+    assert build_parser(["serve"]).parse_args(["serve"]).connect_port == -1
 
 
 @pytest.mark.parametrize("hosts", [["--host", "0.0.0.0"], ["--connect-host", "10.1.2.3"], ["--host", "::"], ["--connect-host", "myhost.example"]])
-def test_spark_connect_off_loopback_without_a_token_is_refused(tmp_path, capsys, hosts: list[str]) -> None:
+def test_spark_connect_off_loopback_without_tls_is_refused(tmp_path, capsys, hosts: list[str]) -> None:
     data = tmp_path / "data"
-    code, err = pvm(capsys, "serve", "--data-dir", str(data), "--port", "0", *hosts)
+    code, err = pvm(capsys, "serve", "--data-dir", str(data), "--port", "0", "--connect-port", "0", *hosts)
     assert code == 2, err
-    assert "pvm: error: Spark Connect would listen on" in err
-    assert "PVM_CONNECT_TOKEN" in err and "--connect-host 127.0.0.1" in err and "--connect-port -1" in err
+    assert "pvm: error: Spark Connect on" in err and "needs TLS" in err
+    assert "--connect-tls-cert" in err and "--connect-host 127.0.0.1" in err
     assert not data.exists()  # refused before the catalog, the socket or Spark
 
 
 @pytest.mark.parametrize(
-    "argv, token",
+    "argv",
     [
-        (["--host", "0.0.0.0"], "secret"),  # a token is required from clients
-        (["--host", "0.0.0.0", "--connect-host", "127.0.0.1"], None),
-        (["--host", "0.0.0.0", "--connect-port", "-1"], None),  # no server at all
-        (["--host", "0.0.0.0", "--store", "memory"], None),  # no Spark, no server
-        (["--connect-host", "localhost"], None),
-        (["--connect-host", "::1"], None),
-        ([], None),  # the default: 127.0.0.1
+        ["--host", "0.0.0.0", "--connect-host", "127.0.0.1", "--connect-port", "0"],
+        ["--host", "0.0.0.0"],  # Spark Connect off
+        ["--connect-host", "localhost", "--connect-port", "0"],
+        ["--connect-host", "::1", "--connect-port", "0"],
+        ["--connect-port", "0"],  # on the default host, 127.0.0.1
     ],
 )
-def test_spark_connect_on_loopback_or_with_a_token_passes(monkeypatch, argv: list[str], token: str | None) -> None:
-    if token:
-        monkeypatch.setenv(serve.CONNECT_TOKEN_ENV, token)
+def test_spark_connect_on_loopback_passes(argv: list[str]) -> None:
     serve.check_options(build_parser(["serve"]).parse_args(["serve", *argv]))
 
 
+def test_spark_connect_off_loopback_with_tls_passes(tmp_path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-"), key.write_text("-")
+    tls = ["--connect-tls-cert", str(cert), "--connect-tls-key", str(key)]
+    serve.check_options(build_parser(["serve"]).parse_args(["serve", "--host", "0.0.0.0", "--connect-port", "0", *tls]))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--connect-port", "0", "--store", "memory"], "--connect-port needs the Spark store"),
+        (["--connect-port", "0", "--connect-tls-cert", "/nonexistent/cert.pem"], "go together"),
+        (["--connect-port", "0", "--connect-tls-cert", "/nonexistent/c", "--connect-tls-key", "/nonexistent/k"], "no such file"),
+        (["--analyst-concurrency", "0"], "at least 1"),
+        (["--query-timeout", "0"], "--query-timeout"),
+        (["--query-timeout", "nan"], "--query-timeout"),
+        (["--max-result-bytes", "10"], "--max-result-bytes"),
+        (["--analyst-user", "no-such-user-here"], "no such OS user"),
+    ],
+)
+def test_bad_analyst_options_are_refused(tmp_path, capsys, argv: list[str], message: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), *argv)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "d").exists()
+
+
 def test_the_connect_server_itself_refuses_a_public_host_without_a_token() -> None:
-    with pytest.raises(ConnectError, match="not the loopback interface"):
+    with pytest.raises(ConnectError, match="not loopback"):
         start_connect_server(None, "0.0.0.0", 0, None)  # type: ignore[arg-type]  (refused before Spark is touched)
     assert [is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "localhost", "::1", "[::1]")] == [True] * 5
     assert [is_loopback(h) for h in ("0.0.0.0", "::", "", "10.0.0.1", "localhost.evil.com")] == [False] * 5
@@ -80,16 +101,18 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
     with pytest.raises(Stop):
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
               "--commit-linger", "0.25", "--commit-group-size", "7"])
-    assert seen == {"commit_group_size": 7, "commit_linger": 0.25}
+    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "analysts": None}  # memory store: no query process
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
 
 def test_compacted_versions_outlive_the_query_timeout(monkeypatch) -> None:
-    """Old table versions must stay until every REST query planned on them has finished or
-    been cancelled; the retention follows the timeout rather than repeating its value."""
-    assert serve.retention_s() >= api.analyst.QUERY_TIMEOUT_S
+    """Old table versions must stay until every query planned on them has finished or been
+    ended; the retention follows the timeout (default or --query-timeout) and its grace."""
+    parser = build_parser(["serve"])
+    assert serve.retention_s(parser.parse_args(["serve"])) >= api.analyst.QUERY_TIMEOUT_S + 10
     monkeypatch.setattr(api.analyst, "QUERY_TIMEOUT_S", 900.0)
-    assert serve.retention_s() >= 900.0
+    assert serve.retention_s(parser.parse_args(["serve"])) >= 900.0
+    assert serve.retention_s(parser.parse_args(["serve", "--query-timeout", "2000"])) >= 2000.0
 
 
 @pytest.mark.parametrize("store", ["spark", "memory"])
@@ -106,13 +129,13 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0):
         seen.update(spark_conf)
         raise Stop
 
     monkeypatch.setattr(serve, "open_store", fake_open_store)
     with pytest.raises(Stop):
-        main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1",
+        main(["serve", "--data-dir", str(tmp_path), "--port", "0",
               "--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
               "--spark-conf", "spark.sql.shuffle.partitions=8"])
     assert seen == {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Dx=a=b", "spark.sql.shuffle.partitions": "8"}

@@ -19,6 +19,7 @@ from typing import Any
 
 from api.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
 from warehouse import expr
+from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
 from warehouse.maintainer import COMMIT_MODES, ViewMaintainer, ViewSettings
@@ -29,7 +30,7 @@ from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
 from warehouse.store.types import spark_type
-from warehouse.zset import ZSet
+from warehouse.zset import ZSet, row_order
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,11 @@ class Manager:
         switches: Switches | None = None,
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
+        analysts: AnalystProcess | None = None,
     ) -> None:
         self.catalog_url = catalog_url
         self.store = store
+        self.analysts = analysts  # runs analysts' SQL and row reads (Spark store only)
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.switches = switches or Switches()
@@ -388,19 +391,35 @@ class Manager:
 
     def read_rows(self, name: str, as_of: int | None = None, latest: bool = False) -> list[tuple]:
         """What a SQL reader of the view sees (positive rows, each repeated by its weight) as
-        of W (default), a given order, or every commit; from the store's own bag reader where
-        it has one (Spark), else expanded from the weights. Blocking: call it off the loop."""
+        of W (default), a given order, or every commit, expanded from the store's weights.
+        Blocking: call it off the loop. Only for stores held in this process (the Spark
+        store's rows are read by the analysts' query process: ``read_page``)."""
+        return self.read(name, as_of, latest).expand()
+
+    async def read_page(
+        self, name: str, as_of: int | None, latest: bool, offset: int, limit: int, who: str
+    ) -> tuple[int, int | None, int, list[list[Any]]]:
+        """A page of the view's rows, sorted by every column: ``(W, as of, total, rows)``.
+        With the analysts' query process (the Spark store) the page is read and sorted there,
+        from the files the store's record names: nothing of the view passes through this
+        process but the page, and no store lock is held. Otherwise (the in-process store) it
+        is cut from the view's rows here."""
         handle = self.view(name)
         watermark = handle.maintainer.protocol.watermark
         if as_of is not None and as_of > watermark:
             raise ManagerError(f"as_of {as_of} is beyond the view's watermark {watermark}", 422)
-        reader = getattr(self.store, "read_rows", None)
-        if reader is None:
-            return self.read(name, as_of, latest).expand()
+        pinned = None if latest else (watermark if as_of is None else as_of)
+        record = getattr(self.store, "record", None)
+        if self.analysts is None or record is None:
+            rows = sorted(await asyncio.to_thread(self.read_rows, name, pinned, latest), key=row_order)
+            return watermark, pinned, len(rows), [list(r) for r in rows[offset : offset + limit]]
         try:
-            return reader(name, latest=True) if latest else reader(name, as_of=watermark if as_of is None else as_of)
+            self.store.check_as_of(name, pinned)  # type: ignore[attr-defined]
+            meta = record(name)
         except StoreError as exc:
             raise ManagerError(str(exc), 422) from exc
+        page = await self.analysts.rows(meta.to_record(), pinned, offset, limit, who)
+        return watermark, pinned, page.total, page.rows
 
     def status(self, name: str) -> dict[str, Any]:
         handle = self.view(name)

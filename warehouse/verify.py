@@ -33,7 +33,7 @@ from warehouse import expr
 from warehouse.catalog.db import LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
-from warehouse.zset import Row, ZSet
+from warehouse.zset import Row, ZSet, row_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -139,8 +139,8 @@ def roll_back(snapshot: ZSet, later: Sequence[LogEntry], delta_of: Callable[[Log
 def differences(expected: ZSet, stored: ZSet, limit: int) -> tuple[list, list, int, int]:
     """Rows missing from the store and extra in it, with counts (first ``limit`` of each)."""
     diff = stored - expected
-    missing = sorted(((r, -w) for r, w in diff.items() if w < 0), key=lambda x: _sort_key(x[0]))
-    extra = sorted(((r, w) for r, w in diff.items() if w > 0), key=lambda x: _sort_key(x[0]))
+    missing = sorted(((r, -w) for r, w in diff.items() if w < 0), key=lambda x: row_order(x[0]))
+    extra = sorted(((r, w) for r, w in diff.items() if w > 0), key=lambda x: row_order(x[0]))
     return missing[:limit], extra[:limit], sum(n for _, n in missing), sum(n for _, n in extra)
 
 
@@ -294,7 +294,3 @@ async def verify_view(manager: Manager, name: str, max_differences: int = 20) ->
         seconds=time.perf_counter() - started,
         notes=notes,
     )
-
-
-def _sort_key(row: tuple) -> tuple:
-    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)

@@ -30,6 +30,16 @@ from typing import Any
 Row = tuple[Any, ...]
 
 
+def row_order(row: Row) -> tuple[tuple[bool, str, Any], ...]:
+    """A sort key for rows of mixed values: column by column, NULLs last, values of one type
+    in their natural order (the order readers get pages in).
+
+    >>> sorted([(2, None), (None, 1), (1, "b"), (1, "a")], key=row_order)
+    [(1, 'a'), (1, 'b'), (2, None), (None, 1)]
+    """
+    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
+
+
 class ZSet:
     """A finite map from rows to non-zero integer weights."""
 

@@ -192,6 +192,20 @@ class Freshness:
 
     async def _run(self, paths: dict[str, Path], compactor) -> dict:
         from pvm.local import LocalDeployment
+        from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings
+
+        # SQL readers query the views in the analysts' query process, as in the service
+        self.analysts = AnalystProcess(AnalystSettings(work_dir=self.data_dir / "analysts", master="local[1]"))
+        self.store.subscribe(self.analysts.publish)
+        self.analysts.start()
+        try:
+            return await self._run_deployment(paths, compactor)
+        finally:
+            self.store.unsubscribe(self.analysts.publish)
+            await asyncio.to_thread(self.analysts.stop)
+
+    async def _run_deployment(self, paths: dict[str, Path], compactor) -> dict:
+        from pvm.local import LocalDeployment
 
         async with LocalDeployment(self.data_dir, self.store) as deployment:
             for source, (table, _) in SCHEMAS.items():
@@ -201,6 +215,9 @@ class Freshness:
                 await manager.define_view(VIEW_SQL, parallelism=self.args.parallelism, batch_size=self.args.batch_size)
                 await manager.wait_idle(VIEW, timeout=300)
             compactor.start()
+            with self.console.status("starting the analysts' query process"):
+                if not await asyncio.to_thread(self.analysts.wait_ready, 300):
+                    raise CliError(f"the analysts' query process did not start: {self.analysts.status()}")
             reader = threading.Thread(target=self._read, name="bench-reader", daemon=True)
             reader.start()
             try:
@@ -212,6 +229,7 @@ class Freshness:
                     deadline = time.monotonic() + 60
                     while time.monotonic() < deadline and (
                         self.store.published(VIEW) != manager.watermark(VIEW)
+                        or not self.analysts.shown()
                         or (self.ledger.pending() and not self._all_pending_superseded())
                     ):
                         await asyncio.sleep(0.2)
@@ -311,18 +329,21 @@ class Freshness:
 
     # -- the reader -----------------------------------------------------------------------------------
     def _read(self) -> None:
-        spark = self.store.spark
+        from api.analyst import check_query
+
         # Markers only: new orders and renamed rows. The conditions are on the view's grouping
         # columns, so Spark filters below the view's aggregation, as for any selective query.
-        query = (
+        # The query goes to the analysts' query process, as an analyst's REST query does.
+        query = check_query(
             f"SELECT order_id, customer, product FROM {VIEW} "
-            f"WHERE order_id > {self.args.rows} OR customer LIKE '%-t%' OR product LIKE '%-t%'"
+            f"WHERE order_id > {self.args.rows} OR customer LIKE '%-t%' OR product LIKE '%-t%'",
+            [VIEW],
         )
         last = None
         while not self.stop_reader.is_set():
             started = time.time()
             try:
-                table = spark.sql(query).toArrow()
+                result = asyncio.run(self.analysts.query(query, 1_000_000, "bench reader"))
             except Exception as exc:  # counted: a reader must never miss the view
                 self.ledger.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 self.stop_reader.wait(0.05)
@@ -330,8 +351,8 @@ class Freshness:
             if last is not None:
                 self.ledger.polls.append(started - last)
             last = started
-            orders = set(table.column(0).to_pylist())
-            names = set(table.column(1).to_pylist()) | set(table.column(2).to_pylist())
+            orders = {row[0] for row in result.rows}
+            names = {row[1] for row in result.rows} | {row[2] for row in result.rows}
             with self.ledger.lock:
                 for order, marker in self.ledger.orders.items():
                     if marker.seen_at is None and order in orders:

@@ -20,9 +20,11 @@ def join_sql(view: str) -> str:
     return f"CREATE VIEW {view} AS SELECT r.id, r.b, s.c FROM s1.r, s2.s WHERE r.b = s.b AND s.c > 0"
 
 
-async def sim_manager(tmp_path: Path, store, seed: int = 1):
-    """A started manager over two loaded in-process sources."""
+async def sim_manager(tmp_path: Path, store, seed: int = 1, analysts=None):
+    """A started manager over two loaded in-process sources; ``analysts``: its analysts'
+    query process (the store must be subscribed to it)."""
     manager, sources = await start_sim_manager(tmp_path / f"catalog-{uuid.uuid4().hex[:8]}.db", TABLES, store, seed=seed)
+    manager.analysts = analysts
     rng = random.Random(seed)
     sources["s1"].load("r", [(i, rng.randrange(4)) for i in range(1, 13)])
     sources["s2"].load("s", [(b, rng.randrange(3)) for b in range(4) for _ in range(2)])
@@ -42,13 +44,13 @@ def change(source: SimSource, rng: random.Random) -> None:
 
 
 async def settle(manager, store, view: str, timeout: float = 60.0) -> None:
-    """Until the view is maintained and its SQL view shows W: ``wait_idle`` may return while
-    the last publish (a Spark catalog call) is still under way."""
+    """Until the view is maintained and shows W to analysts: ``wait_idle`` may return while
+    the last publish is still under way, and the analysts' query process learns of it after."""
     import asyncio
 
     await manager.wait_idle(view, timeout=timeout)
     deadline = asyncio.get_running_loop().time() + timeout
-    while store.published(view) != manager.watermark(view):
+    while store.published(view) != manager.watermark(view) or not (manager.analysts is None or manager.analysts.shown()):
         assert asyncio.get_running_loop().time() < deadline, "the watermark was not published"
         await asyncio.sleep(0.02)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings
+from warehouse.store.published import PublishedViews
 from warehouse.store.spark import SparkStore
 from warehouse.store.spark_session import get_spark
 
@@ -34,11 +36,19 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
+@pytest.fixture(scope="session")
+def published(spark: SparkSession) -> PublishedViews:
+    """The analysts' views, shown in the test session itself (the service shows them in the
+    analysts' query process, which runs the same ``PublishedViews``)."""
+    return PublishedViews(spark)
+
+
 @pytest.fixture
-def spark_store(spark: SparkSession, data_dir: Path) -> Iterator[SparkStore]:
-    """A store on a fresh data directory; its views are dropped afterwards so that later
-    tests start from a clean session catalog."""
+def spark_store(spark: SparkSession, data_dir: Path, published: PublishedViews) -> Iterator[SparkStore]:
+    """A store on a fresh data directory whose views the test session shows; its views are
+    dropped afterwards so that later tests start from a clean session catalog."""
     store = SparkStore(spark, data_dir)
+    store.subscribe(published.apply)
     yield store
     for view in store.views():
         store.drop(view)
@@ -48,3 +58,30 @@ def spark_store(spark: SparkSession, data_dir: Path) -> Iterator[SparkStore]:
 def view() -> str:
     """A view name no other test uses: all stores share the session's table namespace."""
     return f"v_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def analysts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnalystProcess]:
+    """The analysts' query process of the run (a second JVM, as the service has): views of
+    stores subscribed to it are shown there; its Spark Connect server listens on loopback."""
+    process = AnalystProcess(
+        AnalystSettings(
+            work_dir=tmp_path_factory.mktemp("analysts"),
+            master="local[1]",
+            connect_port=0,
+            timeout_s=30.0,
+            grace_s=3.0,
+            spark_conf={"spark.sql.shuffle.partitions": "2"},
+        )
+    )
+    process.start()
+    assert process.wait_ready(180), process.status()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def analyst_store(spark_store: SparkStore, analysts: AnalystProcess) -> SparkStore:
+    """``spark_store`` whose views the analysts' query process shows too."""
+    spark_store.subscribe(analysts.publish)
+    return spark_store

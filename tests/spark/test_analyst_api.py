@@ -17,8 +17,8 @@ from warehouse.store.spark import SparkStore
 pytestmark = pytest.mark.spark
 
 
-async def test_query_rows_and_names_over_http(spark: SparkSession, spark_store: SparkStore, tmp_path, view: str) -> None:
-    manager, sources = await sim_manager(tmp_path, spark_store)
+async def test_query_rows_and_names_over_http(spark: SparkSession, analyst_store: SparkStore, analysts, tmp_path, view: str) -> None:
+    manager, sources = await sim_manager(tmp_path, analyst_store, analysts=analysts)
     try:
         await manager.define_view(join_sql(view), name=view, parallelism=2)
         rng = random.Random(5)
@@ -26,10 +26,10 @@ async def test_query_rows_and_names_over_http(spark: SparkSession, spark_store: 
             change(sources[rng.choice(["s1", "s2"])], rng)
             for s in sources.values():
                 await s.ship()
-        await settle(manager, spark_store, view)
+        await settle(manager, analyst_store, view)
         # the column types come from the sources' (INTEGER) types
         assert spark.table(SparkStore.zlog_table(view)).dtypes[:3] == [("id", "bigint"), ("b", "bigint"), ("c", "bigint")]
-        expected = sorted(spark_store.read_rows(view))
+        expected = sorted(analyst_store.read_rows(view))
         async with await api_client(manager) as api:
             # a query over the view sees the view as of W, bag semantics
             answer = await api.post("/v1/query", json={"sql": f"SELECT id, b, c FROM {view} ORDER BY id, b, c", "limit": 10_000})
@@ -81,30 +81,30 @@ async def test_query_rows_and_names_over_http(spark: SparkSession, spark_store: 
                 assert name in answer.json()["detail"]
                 assert name not in manager.views
                 assert (await api.get(f"/v1/views/{name}")).status_code == 404
-            assert spark_store.views() == [view]
+            assert analyst_store.views() == [view]
     finally:
         await manager.stop()
 
 
-async def test_rows_as_of_a_compacted_order_is_422(spark_store: SparkStore, tmp_path, view: str) -> None:
-    manager, sources = await sim_manager(tmp_path, spark_store, seed=2)
+async def test_rows_as_of_a_compacted_order_is_422(analyst_store: SparkStore, analysts, tmp_path, view: str) -> None:
+    manager, sources = await sim_manager(tmp_path, analyst_store, seed=2, analysts=analysts)
     try:
         await manager.define_view(join_sql(view), name=view, parallelism=2)
         rng = random.Random(2)
         for _ in range(6):
             change(sources["s1"], rng)
             await sources["s1"].ship()
-        await settle(manager, spark_store, view)
+        await settle(manager, analyst_store, view)
         watermark = manager.watermark(view)
         assert watermark > 2
-        assert spark_store.compact(view)
+        assert analyst_store.compact(view)
         async with await api_client(manager) as api:
             answer = await api.get(f"/v1/views/{view}/rows", params={"as_of": 1})
             assert answer.status_code == 422
             assert "compacted" in answer.json()["detail"]
             answer = await api.get(f"/v1/views/{view}/rows", params={"as_of": watermark})
             assert answer.status_code == 200
-            assert sorted(tuple(r) for r in answer.json()["rows"]) == sorted(spark_store.read_rows(view))
+            assert sorted(tuple(r) for r in answer.json()["rows"]) == sorted(analyst_store.read_rows(view))
             answer = await api.get(f"/v1/views/{view}/rows", params={"as_of": watermark + 1})
             assert answer.status_code == 422
     finally:

@@ -20,8 +20,8 @@ from warehouse.store.spark import SparkStore
 pytestmark = pytest.mark.spark
 
 
-async def test_pvm_query_over_a_spark_view(spark_store: SparkStore, tmp_path, view: str, capsys) -> None:
-    manager, sources = await sim_manager(tmp_path, spark_store, seed=3)
+async def test_pvm_query_over_a_spark_view(analyst_store: SparkStore, analysts, tmp_path, view: str, capsys) -> None:
+    manager, sources = await sim_manager(tmp_path, analyst_store, seed=3, analysts=analysts)
     sock = listen("127.0.0.1", 0)
     # the manager already runs: serve its app without the lifespan that would start it again
     server = uvicorn.Server(uvicorn.Config(create_app(manager), lifespan="off", log_config=None, access_log=False))
@@ -31,8 +31,8 @@ async def test_pvm_query_over_a_spark_view(spark_store: SparkStore, tmp_path, vi
         rng = random.Random(3)
         change(sources["s1"], rng)
         await sources["s1"].ship()
-        await settle(manager, spark_store, view)
-        expected = sorted(spark_store.read_rows(view))
+        await settle(manager, analyst_store, view)
+        expected = sorted(analyst_store.read_rows(view))
         analyst = ["--manager", http_url(sock), "--token", (await issue(manager, "analyst"))[1]]
 
         async def pvm(*argv: str) -> tuple[int, str, str]:

@@ -379,11 +379,13 @@ def test_serve_keeps_old_versions_past_the_query_timeout(
     spark: SparkSession, tmp_path: Path, view: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``pvm serve``'s store keeps a compacted-away version at least as long as an analyst's
-    REST query may run (``QUERY_TIMEOUT_S``) and deletes it once that time is up."""
+    query may run (``QUERY_TIMEOUT_S`` by default) and deletes it once that time is up."""
     from api.analyst import QUERY_TIMEOUT_S
-    from pvm.serve import catalog_url, open_store
+    from pvm.cli import build_parser
+    from pvm.serve import catalog_url, open_store, retention_s
 
-    store = open_store("spark", tmp_path, None, catalog_url(tmp_path, None))
+    defaults = build_parser(["serve"]).parse_args(["serve"])
+    store = open_store("spark", tmp_path, None, catalog_url(tmp_path, None), retire_after_s=retention_s(defaults))
     try:
         assert store._retire_after_s >= QUERY_TIMEOUT_S
         store.create(view, ["k", "name"])

@@ -15,6 +15,7 @@ from tests.sim import recompute, start_sim_manager
 from tests.spark.analyst_support import TABLES, change, join_sql, settle
 from warehouse.catalog.db import Catalog, StoreRecords
 from warehouse.store.base import Effect
+from warehouse.store.published import PublishedViews
 from warehouse.store.spark import SparkStore, _part_files
 from warehouse.zset import ZSet
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.spark
 def new_process(spark: SparkSession, views: list[str]) -> None:
     """What a new process lacks: the session catalog's tables and views of the store."""
     for view in views:
-        spark.sql(f"DROP VIEW IF EXISTS `{view}`")
+        spark.sql(f"DROP VIEW IF EXISTS `{view}`")  # as the analysts' query process shows it
         spark.sql(f"DROP TABLE IF EXISTS {SparkStore.zlog_table(view)}")
         spark.sql(f"DROP TABLE IF EXISTS {SparkStore.base_table(view)}")
 
@@ -53,6 +54,7 @@ def test_a_restart_registers_the_tables_from_the_catalog_database(
 
         new_process(spark, [view])
         restarted = SparkStore(spark, data, StoreRecords(Catalog(url)))
+        restarted.subscribe(PublishedViews(spark, database="pvm_views_restarted").apply)  # a new query process
         assert restarted.views() == [view]
         assert restarted._state(view).meta == meta
         assert meta.base_version == 1 and meta.compacted_through == 1

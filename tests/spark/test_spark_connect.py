@@ -1,51 +1,138 @@
-"""Analysts' Spark Connect: ``pvm serve``'s Spark services start a Connect server on the
-manager's session and print its address; a separate analyst process connects with
-``SparkSession.builder.remote`` and reads a view as the store publishes it."""
+"""Analysts' Spark Connect through the manager's gateway: a real pyspark Connect client (its
+own process) reads a view with an analyst token of the service, and everything else an
+analyst session could try (files, scripts, writes, DDL, UDFs, store tables, settings, other
+tokens' sessions) is refused; tokens of other roles, unknown and revoked tokens get nothing."""
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import json
-import re
+import random
 import subprocess
 import sys
+import uuid
 
 import pytest
-from pyspark.sql import SparkSession
 
-from pvm.serve import start_spark_services
-from warehouse.store.base import Effect
+from api.auth import TokenVerifier, issue
+from api.connect_gateway import ConnectGateway, GatewaySettings
+from tests.spark.analyst_support import change, join_sql, settle, sim_manager
 from warehouse.store.spark import SparkStore
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 
-ANALYST = """
-import json, sys
+CLIENT = r"""
+import json, re, sys
 from pyspark.sql import SparkSession
-spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
-print(json.dumps([list(r) for r in spark.sql(sys.argv[2]).collect()]))
+from pyspark.sql import functions as F
+
+url, view = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.remote(url).getOrCreate()
+attempts = {
+    "sql": lambda: [list(r) for r in spark.sql(f"SELECT id, b, c FROM {view} ORDER BY id, b, c").collect()],
+    "dataframe": lambda: [list(r) for r in spark.table(view).where(F.col("c") > 0).groupBy("c").count().orderBy("c").collect()],
+    "select_expr": lambda: spark.table(view).selectExpr("id + 1 AS next").count(),
+    "schema": lambda: spark.table(view).schema.simpleString(),
+    "read_file": lambda: spark.read.text("/etc/passwd").collect(),
+    "read_parquet": lambda: spark.read.parquet("/tmp").collect(),
+    "script": lambda: spark.sql(f"SELECT TRANSFORM(id) USING 'cat' FROM {view}").collect(),
+    "write": lambda: spark.table(view).write.parquet("/tmp/pvm-connect-write-test"),
+    "drop": lambda: spark.sql(f"DROP VIEW {view}").collect(),
+    "insert": lambda: spark.sql(f"INSERT INTO pvm_zlog_{view} SELECT 1, 1, 1, 1, 1").collect(),
+    "udf": lambda: spark.table(view).select(F.udf(lambda x: x)("id")).collect(),
+    "temp_view": lambda: spark.table(view).createOrReplaceTempView("mine"),
+    "store_table": lambda: spark.table(f"pvm_zlog_{view}").collect(),
+    "setting": lambda: spark.conf.set("spark.sql.shuffle.partitions", "1"),
+    "environment": lambda: spark.sql("SELECT current_user()").collect(),
+    "reflect": lambda: spark.table(view).select(F.expr("reflect('java.lang.System', 'getenv', 'HOME')")).collect(),
+    "cache": lambda: spark.table(view).cache().count(),
+}
+out = {}
+for name, attempt in attempts.items():
+    try:
+        out[name] = {"ok": attempt()}
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        code = re.search(r"StatusCode\.([A-Z_]+)", text)
+        details = re.search(r'details = "([^"]*)"', text)
+        out[name] = {"code": code.group(1) if code else type(exc).__name__, "detail": details.group(1) if details else text[:300]}
+print(json.dumps(out))
 """
 
 
-def test_an_analyst_reads_a_view_through_spark_connect(spark: SparkSession, spark_store: SparkStore, view: str, capsys) -> None:
-    pytest.importorskip("grpc", reason="the Spark Connect client needs grpcio (pip install '.[connect]')")
-    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
-    spark_store.commit(view, [Effect(1, ZSet({(1, "a"): 2, (2, "b"): 1})), Effect(2, ZSet({(3, "c"): 1}))])
-    spark_store.publish(view, 1)
+def client(url: str, token: str | None, view: str, session: str | None = None) -> dict:
+    address = url + "/" + "".join(f";{k}={v}" for k, v in (("token", token), ("session_id", session)) if v)
+    done = subprocess.run([sys.executable, "-c", CLIENT, address, view], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    args = argparse.Namespace(compaction_interval=3600.0, connect_port=0, connect_host=None, host="127.0.0.1")
-    stoppers = start_spark_services(spark_store, args)
+
+async def test_analysts_read_views_through_spark_connect_and_nothing_else(
+    analyst_store: SparkStore, analysts, tmp_path, view: str
+) -> None:
+    pytest.importorskip("grpc", reason="the Spark Connect client needs grpcio (pip install '.[connect]')")
+    manager, sources = await sim_manager(tmp_path, analyst_store, seed=7, analysts=analysts)
+    verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
+    gateway = ConnectGateway(GatewaySettings("127.0.0.1", 0), verifier.verify, analysts, lambda: list(manager.views))
+    url = gateway.start()
     try:
-        line = capsys.readouterr().out
-        match = re.search(r"spark connect on (sc://127\.0\.0\.1:\d+)", line)
-        assert match, line
-        done = subprocess.run(
-            [sys.executable, "-c", ANALYST, match.group(1), f"SELECT k, name FROM {view} ORDER BY k"],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert json.loads(done.stdout.strip().splitlines()[-1]) == [[1, "a"], [1, "a"], [2, "b"]]
+        await manager.define_view(join_sql(view), name=view, parallelism=2)
+        rng = random.Random(7)
+        for _ in range(8):
+            change(sources[rng.choice(["s1", "s2"])], rng)
+            for s in sources.values():
+                await s.ship()
+        await settle(manager, analyst_store, view)
+        expected = sorted(list(r) for r in analyst_store.read_rows(view))
+        info, token = await issue(manager, "analyst")
+
+        seen = await asyncio.to_thread(client, url, token, view)
+        assert seen["sql"] == {"ok": expected}
+        by_c: dict[int, int] = {}
+        for row in expected:
+            if row[2] > 0:
+                by_c[row[2]] = by_c.get(row[2], 0) + 1
+        assert seen["dataframe"] == {"ok": [[c, n] for c, n in sorted(by_c.items())]}
+        assert seen["select_expr"] == {"ok": len(expected)}
+        assert seen["schema"] == {"ok": "struct<id:bigint,b:bigint,c:bigint>"}
+        refused = {name: result for name, result in seen.items() if "ok" not in result}
+        assert set(refused) == set(seen) - {"sql", "dataframe", "select_expr", "schema"}, seen
+        assert {result["code"] for result in refused.values()} == {"PERMISSION_DENIED"}, refused
+        for name, words in {
+            "read_file": "reading data sources or files",
+            "read_parquet": "reading data sources or files",
+            "script": "TRANSFORM",
+            "write": "writing",
+            "drop": "only a SELECT",
+            "insert": "only a SELECT",
+            "udf": "user-defined functions",
+            "temp_view": "creating views",
+            "store_table": "unknown view",
+            "setting": "setting spark.sql.shuffle.partitions is not allowed",
+            "environment": "CURRENT_USER",
+            "reflect": "reflect",
+            "cache": "persist",
+        }.items():
+            assert words in refused[name]["detail"], (name, refused[name])
+        assert not (tmp_path / "pvm-connect-write-test").exists()
+        # nothing an analyst tried changed the view
+        assert (await asyncio.to_thread(client, url, token, view))["sql"] == {"ok": expected}
+
+        # a session stays with the token that opened it
+        session = str(uuid.uuid4())
+        _, other = await issue(manager, "analyst")
+        assert "ok" in (await asyncio.to_thread(client, url, token, view, session))["sql"]
+        stolen = (await asyncio.to_thread(client, url, other, view, session))["sql"]
+        assert stolen["code"] == "PERMISSION_DENIED" and "another token" in stolen["detail"]
+
+        # other roles, unknown, missing and revoked tokens
+        _, wrapper = await issue(manager, "wrapper", "s1")
+        assert (await asyncio.to_thread(client, url, wrapper, view))["sql"]["code"] == "PERMISSION_DENIED"
+        for bad in (None, "pvm_1_" + "x" * 40):
+            assert (await asyncio.to_thread(client, url, bad, view))["sql"]["code"] == "UNAUTHENTICATED"
+        await manager.db("revoke_token", info.id)
+        verifier.forget(info.id)
+        assert (await asyncio.to_thread(client, url, token, view))["sql"]["code"] == "UNAUTHENTICATED"
     finally:
-        for stop in reversed(stoppers):
-            stop()
+        gateway.stop()
+        await manager.stop()

@@ -9,22 +9,23 @@ base version at a new location (Spark cannot overwrite a table it is reading) an
 Per view, under ``<data_dir>/views/<view>/``:
 
 * ``zlog/v<N>/``: table ``pvm_zlog_<view>`` (view columns, ``_w`` BIGINT, ``_order`` BIGINT);
-* ``base/v<N>/``: table ``pvm_base_<view>`` (view columns, ``_w`` BIGINT);
-* a view named ``<view>`` in the session catalog (not a temporary view, so that every
-  session of the Spark application sees it, Spark Connect sessions included): what analysts
-  query, the view as of the published watermark with each row repeated by its weight.
+* ``base/v<N>/``: table ``pvm_base_<view>`` (view columns, ``_w`` BIGINT).
 
 The two tables keep their names for good; compaction moves them to new locations, one
-``ALTER TABLE`` each. A query planned between the two moves would read the new base with the
-old z-log, so the analysts' view does not read them: it reads a second pair of tables per
-version, ``pvm_store.base_<N>_<view>`` and ``pvm_store.zlog_<N>_<view>``, which never move,
-and compaction switches it to the next pair with one ``ALTER VIEW``. A query planned before
-that reads the old pair, whose files stay on disk until such queries are done.
+``ALTER TABLE`` each, for raw reads in this session. Commits append to a second pair of
+tables per version, ``pvm_store.base_<N>_<view>`` and ``pvm_store.zlog_<N>_<view>``, which
+never move.
 
 Which versions are current, the published watermark and the compacted orders live in a
 ``StoreCatalog`` record, written only at the few points that change them, so that a restart
 re-registers every table. Which orders are committed is read back from the z-log itself:
 an append is the commit, and a crash between two appends loses nothing and repeats nothing.
+
+What analysts query is not here: every change of a record goes to the store's listeners
+(``subscribe``), and ``PublishedViews`` (``warehouse/store/published.py``) turns the records
+into the views analysts read, in the Spark session of the analysts' query process
+(``warehouse/analysts``), a JVM of its own. A compaction's old version stays on disk for
+``retire_after_s`` after the record moves on, so a query planned on it can finish.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def _json_scalar(value: Any) -> str | None:
     raise StoreError(f"cannot store {value!r} in an untyped column; give the view column types")
 
 
-class _Codec:
+class RowCodec:
     """Rows of Python scalars to Arrow columns and back, so reads return what was committed.
 
     Typed columns are stored in their Spark type. Untyped columns (known by name only) store
@@ -343,7 +344,54 @@ def _parse(type_name: str) -> DataType:
     return parsed
 
 
+# -- SQL over a view's tables ------------------------------------------------------------------
+# What readers see, as Spark SQL over one version's base and z-log tables: the writer's own
+# reads and the analysts' query process (``warehouse/analysts``) build it the same way.
+
+
+def version_table(view: str, kind: str, version: int) -> str:
+    """The table over version ``version`` of a view's ``kind`` ("base" or "zlog") files:
+    unlike the stable tables, it is never moved, so a query that names it reads one version
+    from its planning to its end."""
+    return f"{VERSIONS_DB}.{kind}_{version}_{view}"
+
+
+def sums_sql(base: str, zlog: str, columns: Sequence[str], as_of: int | None, keep: str) -> str:
+    """Summed weights per row over ``base`` plus ``zlog`` up to ``as_of`` (None: every
+    committed effect), keeping the sums for which ``SUM(_w) <keep>`` holds.
+
+    >>> sums_sql("b", "z", ["k"], 7, "> 0")
+    'SELECT `k`, SUM(_w) AS _w FROM (SELECT `k`, _w FROM b UNION ALL SELECT `k`, _w FROM z WHERE _order <= 7) GROUP BY `k` HAVING SUM(_w) > 0'
+    """
+    cols = ", ".join(f"`{c}`" for c in columns)
+    bound = "" if as_of is None else f" WHERE {ORDER} <= {int(as_of)}"
+    return (
+        f"SELECT {cols}, SUM({WEIGHT}) AS {WEIGHT} FROM ("
+        f"SELECT {cols}, {WEIGHT} FROM {base} UNION ALL "
+        f"SELECT {cols}, {WEIGHT} FROM {zlog}{bound}"
+        f") GROUP BY {cols} HAVING SUM({WEIGHT}) {keep}"
+    )
+
+
+def visible_sql(base: str, zlog: str, columns: Sequence[str], as_of: int | None) -> str:
+    """Bag semantics, as a SQL reader sees the view: rows with a positive sum, each repeated
+    as many times as its sum."""
+    cols = ", ".join(f"t.`{c}`" for c in columns)
+    return (
+        f"SELECT {cols} FROM ({sums_sql(base, zlog, columns, as_of, '> 0')}) t "
+        f"LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), t.{WEIGHT})) copies AS _copy"
+    )
+
+
+def table_schemas(columns: Sequence[str], types: Sequence[str | None] | None) -> tuple[StructType, StructType]:
+    """The Spark schemas of a view's base and z-log tables."""
+    codec = RowCodec(tuple(columns), None if types is None else tuple(types))
+    return codec.base_schema, codec.zlog_schema
+
+
 # -- the store ---------------------------------------------------------------------------------
+
+Listener = Callable[[str, "ViewMeta | None"], None]
 
 
 @dataclass(frozen=True)
@@ -361,12 +409,11 @@ class ZlogStats:
 class _View:
     name: str
     meta: ViewMeta
-    codec: _Codec
+    codec: RowCodec
     zlog_orders: set[int]  # committed orders whose rows are in the z-log
     lock: threading.RLock = field(default_factory=threading.RLock)  # commits, reads, swaps
     compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
     dropped: bool = False
-    visible_defined: bool = False  # the analysts' view exists in this session's catalog
     footers: dict[str, _Footer] = field(default_factory=dict)  # by z-log file path
     footers_lock: threading.Lock = field(default_factory=threading.Lock)  # not the view lock
 
@@ -453,8 +500,9 @@ class SparkStore:
         self._retired: list[tuple[float, tuple[tuple[str, ...], tuple[str, ...]]]] = []
         self._root = Path(data_dir).resolve() / "views"
         self._catalog = catalog or JsonStoreCatalog(Path(data_dir) / "store-catalog.json")
-        self._lock = threading.Lock()  # guards the _views dict only
+        self._lock = threading.Lock()  # guards the _views dict and the listeners only
         self._views: dict[str, _View] = {}
+        self._listeners: list[Listener] = []
         self.commit_groups: list[int] = []  # sizes, as MemoryStore records them
         self._spark.sql(f"CREATE DATABASE IF NOT EXISTS {VERSIONS_DB}")
         for view in self._catalog.views():
@@ -477,12 +525,7 @@ class SparkStore:
     def base_table(view: str) -> str:
         return BASE_PREFIX + view
 
-    @staticmethod
-    def version_table(view: str, kind: str, version: int) -> str:
-        """The table over version ``version`` of a view's ``kind`` ("base" or "zlog") files:
-        unlike the stable tables, it is never moved, so a query that names it reads one
-        version from its planning to its end."""
-        return f"{VERSIONS_DB}.{kind}_{version}_{view}"
+    version_table = staticmethod(version_table)
 
     @classmethod
     def _version_tables(cls, view: str, meta: ViewMeta) -> tuple[str, str]:
@@ -520,21 +563,19 @@ class SparkStore:
     # -- registration ------------------------------------------------------------------
     def _attach(self, view: str, meta: ViewMeta) -> _View:
         """Register a known view's tables in this session and load its committed orders."""
-        codec = _Codec(meta.columns, meta.types)
+        codec = RowCodec(meta.columns, meta.types)
         self._register(self.base_table(view), meta.base_location, codec.base_schema)
         self._register(self.zlog_table(view), meta.zlog_location, codec.zlog_schema)
         self._register_versions(view, meta, codec)
         orders = self._spark.sql(f"SELECT DISTINCT {ORDER} FROM {self.zlog_table(view)}")
-        state = _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
-        self._define_visible(state)
-        return state
+        return _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
 
     def _register(self, table: str, location: str, schema: StructType) -> None:
         Path(location).mkdir(parents=True, exist_ok=True)
         self._spark.sql(f"DROP TABLE IF EXISTS {table}")
         self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
 
-    def _register_versions(self, view: str, meta: ViewMeta, codec: _Codec) -> None:
+    def _register_versions(self, view: str, meta: ViewMeta, codec: RowCodec) -> None:
         base, zlog = self._version_tables(view, meta)
         self._register(base, meta.base_location, codec.base_schema)
         self._register(zlog, meta.zlog_location, codec.zlog_schema)
@@ -577,39 +618,10 @@ class SparkStore:
 
     # -- SQL ---------------------------------------------------------------------------
     def _sums_sql(self, state: _View, as_of: int | None, keep: str) -> str:
-        """Summed weights per row over base plus z-log up to ``as_of``, filtered by ``keep``;
-        over the current version tables, so that the SQL means the same files for good."""
-        base, zlog = self._version_tables(state.name, state.meta)
-        cols = ", ".join(f"`{c}`" for c in state.meta.columns)
-        bound = "" if as_of is None else f" WHERE {ORDER} <= {int(as_of)}"
-        return (
-            f"SELECT {cols}, SUM({WEIGHT}) AS {WEIGHT} FROM ("
-            f"SELECT {cols}, {WEIGHT} FROM {base} UNION ALL "
-            f"SELECT {cols}, {WEIGHT} FROM {zlog}{bound}"
-            f") GROUP BY {cols} HAVING SUM({WEIGHT}) {keep}"
-        )
+        return sums_sql(*self._version_tables(state.name, state.meta), state.meta.columns, as_of, keep)
 
     def _visible_sql(self, state: _View, as_of: int | None) -> str:
-        """Bag semantics: rows with a positive sum, each repeated as many times as its sum."""
-        cols = ", ".join(f"t.`{c}`" for c in state.meta.columns)
-        return (
-            f"SELECT {cols} FROM ({self._sums_sql(state, as_of, '> 0')}) t "
-            f"LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), t.{WEIGHT})) copies AS _copy"
-        )
-
-    def _define_visible(self, state: _View) -> None:
-        """Point the analysts' view at the published watermark. ALTER VIEW swaps the view's
-        definition in one catalog update; CREATE OR REPLACE drops and re-creates it, so a
-        concurrent reader could find no view at all: it is only for the first definition."""
-        sql = self._visible_sql(state, state.meta.watermark)
-        if state.visible_defined:
-            try:
-                self._spark.sql(f"ALTER VIEW `{state.name}` AS {sql}")
-                return
-            except Exception:  # dropped behind our back (a Connect client may): define it anew
-                pass
-        self._spark.sql(f"CREATE OR REPLACE VIEW `{state.name}` AS {sql}")
-        state.visible_defined = True
+        return visible_sql(*self._version_tables(state.name, state.meta), state.meta.columns, as_of)
 
     @staticmethod
     def _check_as_of(state: _View, as_of: int | None) -> None:
@@ -623,6 +635,40 @@ class SparkStore:
     def _save(self, state: _View, meta: ViewMeta) -> None:
         self._catalog.save(state.name, meta.to_record())
         state.meta = meta
+        self._notify(state.name, meta)
+
+    # -- listeners ---------------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(view, record)`` whenever a view's record changes (created,
+        published, compacted) and ``listener(view, None)`` when it is dropped; at once for
+        every view already known. Calls come from the thread that changed the record, under
+        the view's lock, so one view's records arrive in order: a listener must be quick
+        and must not call back into the store."""
+        with self._lock:
+            self._listeners.append(listener)
+            known = list(self._views.values())
+        for state in known:
+            with state.lock:
+                if not state.dropped:
+                    listener(state.name, state.meta)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
+
+    def _notify(self, view: str, meta: ViewMeta | None) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(view, meta)
+
+    def record(self, view: str) -> ViewMeta:
+        """The view's current record: its versions' locations and published watermark."""
+        return self._state(view).meta
+
+    def check_as_of(self, view: str, as_of: int | None) -> None:
+        """StoreError unless the state as of ``as_of`` is still stored."""
+        self._check_as_of(self._state(view), as_of)
 
     # -- ViewStore ---------------------------------------------------------------------
     def check_new_view(
@@ -675,7 +721,10 @@ class SparkStore:
                 zlog_version=0,
             )
             self._catalog.save(view, meta.to_record())
-            self._views[view] = self._attach(view, meta)
+            state = self._attach(view, meta)
+            self._views[view] = state
+        with state.lock:
+            self._notify(view, meta)
 
     def drop(self, view: str) -> None:
         with self._lock:
@@ -684,7 +733,7 @@ class SparkStore:
             return
         with state.lock:
             state.dropped = True
-            self._spark.sql(f"DROP VIEW IF EXISTS `{view}`")
+            self._notify(view, None)
             self._drop_tables(
                 self.zlog_table(view), self.base_table(view), *self._version_tables(view, state.meta)
             )
@@ -707,11 +756,10 @@ class SparkStore:
             self.commit_groups.append(len(effects))
 
     def publish(self, view: str, watermark: int) -> None:
-        """Record W and point the analysts' view at it."""
+        """Record W: readers' default state (``PublishedViews`` shows it to analysts)."""
         with self._hold(view) as state:
             self._check_as_of(state, watermark)
             self._save(state, replace(state.meta, watermark=watermark))
-            self._define_visible(state)
 
     def published(self, view: str) -> int:
         return self._state(view).meta.watermark
@@ -835,9 +883,8 @@ class SparkStore:
                 compacted_through=start.watermark,
                 compacted_orders=tuple(_merge_ranges(list(start.compacted_orders), folded)),
             )
-            self._save(state, meta)
+            self._save(state, meta)  # listeners move the analysts' view to the new pair at once
             state.zlog_orders -= folded
-            self._define_visible(state)  # the analysts' view moves to the new pair at once
             return True
 
     def _retire(self, tables: Sequence[str] = (), locations: Sequence[str] = ()) -> None:

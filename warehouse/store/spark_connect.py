@@ -1,20 +1,14 @@
-"""A Spark Connect server on the manager's own Spark session.
+"""A Spark Connect server on a process's own Spark session.
 
-Analysts connect their own (thin) Spark session to it and query the views with Spark SQL::
-
-    from pyspark.sql import SparkSession
-    spark = SparkSession.builder.remote("sc://127.0.0.1:15002").getOrCreate()
-    spark.sql("SELECT region, count(*) FROM order_details GROUP BY region").show()
-
-The server is the one shipped in PySpark's own jars (``spark-connect_2.13-*.jar``), started
-inside the manager's JVM, so nothing is downloaded. Every Connect client gets its own Spark
-session of the same application: it sees the tables and (non-temporary) views of the shared
-session catalog, which is why the store publishes each view as a catalog view rather than a
-temporary one. Spark Connect has no authorization of its own: whoever reaches the port can run
-any Spark code, so the server listens on the loopback interface unless told otherwise, and a
-token (``spark.connect.authenticate.token``) can be required from clients, who then connect with
-``sc://HOST:PORT/;token=…`` (gRPC sends a token only over TLS or to ``localhost``). A server on
-any other interface than loopback is refused without a token.
+The analysts' query process (``warehouse/analysts/worker.py``) starts one on loopback, with a
+token only the manager's Connect gateway (``api/connect_gateway.py``) knows; analysts never
+reach it directly. The server is the one shipped in PySpark's own jars
+(``spark-connect_2.13-*.jar``), so nothing is downloaded. Every Connect client gets its own
+Spark session of the same application: it sees the tables and (non-temporary) views of the
+shared session catalog, which is why ``PublishedViews`` shows each view as a catalog view
+rather than a temporary one. Spark Connect has no authorization of its own: whoever reaches
+the port with the token can run any Spark code, which is why the gateway checks every
+request first.
 """
 
 from __future__ import annotations
@@ -69,26 +63,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_problem(host: str, token: str | None) -> str | None:
-    """Why a Spark Connect server on ``host`` must not start with ``token``; None if it may."""
-    if token or is_loopback(host):
-        return None
-    return (
-        f"Spark Connect would listen on {host!r}, which is not the loopback interface, without a "
-        "token: it has no authorization of its own, so anyone who reaches the port could run any "
-        "code in the manager's Spark application"
-    )
-
-
 def start_connect_server(
     spark: SparkSession, host: str = "127.0.0.1", port: int = 15002, token: str | None = None
 ) -> ConnectServer:
     """Start (once per process) a Spark Connect server on ``spark``'s application and return
     its address; ``port`` 0 picks a free port. A second call returns the running server.
     A server on a non-loopback ``host`` needs a ``token`` (ConnectError otherwise)."""
-    problem = exposure_problem(host, token)
-    if problem is not None:
-        raise ConnectError(problem)
+    if not token and not is_loopback(host):
+        raise ConnectError(f"Spark Connect on {host!r} (not loopback) without a token would run anyone's code")
     service = _service(spark)
     if not service.started():
         conf = spark.sparkContext._jsc.sc().conf()  # the live SparkConf the service reads
@@ -105,14 +87,6 @@ def start_connect_server(
     bound_host = conf.get("spark.connect.grpc.binding.address", host)
     running_token = conf.get("spark.connect.authenticate.token", "") or None
     return ConnectServer(bound_host, int(service.localPort()), running_token)
-
-
-def stop_connect_server(spark: SparkSession) -> None:
-    """Stop the server if it runs (clients' sessions end with it)."""
-    service = _service(spark)
-    if service.started() and not service.stopped():
-        # Scala default arguments are methods named stop$default$N; py4j reaches them by name.
-        service.stop(getattr(service, "stop$default$1")(), getattr(service, "stop$default$2")())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,85 @@
+"""The manager's side of the analysts' query process, without starting one: what the process
+is started with (no secret of the manager's, its own OS user), the concurrency limits, and
+the records it is kept informed of. The process itself: tests/spark/test_analysts_*.py."""
+
+from __future__ import annotations
+
+import pwd
+import subprocess
+
+import pytest
+
+from warehouse.analysts.supervisor import AnalystProcess, AnalystsBusy, AnalystSettings
+from warehouse.analysts.worker import CONNECT_TOKEN_ENV
+
+
+def test_the_process_gets_no_secret_of_the_manager(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PVM_TOKEN", "PVM_MANAGER_TOKEN", "PVM_CATALOG_URL", "PVM_SOURCE_URL", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "secret")
+    seen: dict = {}
+
+    def popen(command, **kwargs):
+        seen.update(kwargs, command=command)
+        raise OSError("not started in this test")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path, spark_conf={"spark.sql.shuffle.partitions": "2"}))
+    with pytest.raises(OSError):
+        process._spawn()
+    env = seen["env"]
+    assert "secret" not in env.values()
+    assert env[CONNECT_TOKEN_ENV] == process.connect_token and len(process.connect_token) >= 32
+    assert process.connect_token not in " ".join(seen["command"])  # never on the command line (ps)
+    assert env["HOME"] == str(tmp_path) and env["PATH"]
+    assert seen["start_new_session"] and seen["user"] is None and seen["group"] is None
+    assert "--spark-conf" in seen["command"] and "spark.sql.shuffle.partitions=2" in seen["command"]
+
+
+def test_the_process_runs_as_its_own_user(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    account = pwd.getpwnam("nobody")
+    seen: dict = {}
+    chowned: list = []
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: seen.update(kwargs) or (_ for _ in ()).throw(OSError()))
+    monkeypatch.setattr("os.chown", lambda path, uid, gid: chowned.append((str(path), uid, gid)))
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path / "analysts", user="nobody"))
+    monkeypatch.setattr(process, "_watch", lambda: None)
+    monkeypatch.setattr(process, "_sender", lambda: None)
+    process.start()  # its scratch space becomes the user's
+    assert chowned == [(str(tmp_path / "analysts"), account.pw_uid, account.pw_gid)]
+    with pytest.raises(OSError):
+        process._spawn()
+    assert seen["user"] == "nobody" and seen["group"] == account.pw_gid
+
+
+def test_limits_count_queries_per_token_and_overall(tmp_path) -> None:
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path, concurrency=3, per_principal=2))
+    with process.admit("a"), process.admit("a"):
+        with pytest.raises(AnalystsBusy, match="the most one token may run at once"):
+            with process.admit("a"):
+                pass
+        with process.admit("b"):
+            with pytest.raises(AnalystsBusy, match="the most the service runs at once"):
+                with process.admit("c"):
+                    pass
+            assert process.status()["running"] == 3
+    assert process.status()["running"] == 0 and not process._admitted  # nothing kept per token
+    with process.admit("c"):
+        pass
+
+
+def test_records_keep_the_newest_per_view(tmp_path) -> None:
+    class Meta:
+        def __init__(self, w: int) -> None:
+            self.w = w
+
+        def to_record(self) -> dict:
+            return {"watermark": self.w}
+
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path))
+    for w in range(100):
+        process.publish("v", Meta(w))
+    process.publish("gone", Meta(1))
+    process.publish("gone", None)
+    assert process._records == {"v": {"watermark": 99}}
+    assert process._pending == {"v": {"watermark": 99}, "gone": None}
+    assert not process.shown()  # not ready: nothing has reached a process

@@ -1,0 +1,64 @@
+"""What the manager and the analysts' query process say to each other (HTTP over a Unix
+socket in the data directory, JSON bodies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Published(BaseModel):
+    """Store records to show: a view's record (``ViewMeta.to_record()``) or None when the
+    view was dropped. ``reset``: these are all the views; drop any other."""
+
+    views: dict[str, dict[str, Any] | None]
+    reset: bool = False
+
+
+class QueryRequest(BaseModel):
+    sql: str = Field(description="checked Spark SQL over the views")
+    limit: int = Field(ge=1)
+    tag: str = Field(description="the job tag the query runs under, for cancellation")
+    max_bytes: int = Field(ge=1, description="rows beyond this size of the answer are cut (truncated)")
+
+
+class QueryResult(BaseModel):
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+
+
+class RowsRequest(BaseModel):
+    """A page of one view's rows as of ``as_of`` (None: every committed effect), read from
+    the files ``record`` names, sorted by every column."""
+
+    record: dict[str, Any]
+    as_of: int | None
+    offset: int = Field(ge=0)
+    limit: int = Field(ge=1)
+    tag: str
+    max_bytes: int = Field(ge=1)
+
+
+class RowsResult(BaseModel):
+    columns: list[str]
+    rows: list[list[Any]]
+    total: int = Field(description="rows in the view (a row of weight n counts n times)")
+    truncated: bool = Field(default=False, description="the page was cut at max_bytes")
+
+
+class Cancel(BaseModel):
+    tag: str
+
+
+class WorkerHealth(BaseModel):
+    ready: bool
+    running: list[str] = Field(description="tags of the queries running now")
+    zombie_tasks: int = Field(default=0, description="tasks of cancelled jobs still running")
+    views: int
+    connect_port: int | None = None
+
+
+class WorkerError(BaseModel):
+    detail: str

@@ -1,0 +1,385 @@
+"""The analysts' query process (``python -m warehouse.analysts.worker``), started by
+``pvm serve`` (``supervisor.py``); nobody else starts it.
+
+It runs its own Spark application (its own JVM, capped by ``--memory``), shows the views as
+the manager's store records them (``PublishedViews``) and answers, over HTTP on a Unix
+socket:
+
+* ``POST /publish``: new store records;
+* ``POST /query``: checked analyst SQL, at most ``limit`` rows and ``max_bytes`` of answer;
+* ``POST /rows``: a sorted page of one view's rows, read from the files a record names;
+* ``POST /cancel``: cancel the Spark jobs of a running query (its tasks are interrupted);
+* ``GET /health``: ready, the queries running, the Connect port.
+
+Queries run on a pool of ``--concurrency`` threads, never on the event loop, so health and
+cancellation answer while every thread is busy. When the JVM dies (an out-of-memory error
+ends it: ``-XX:+ExitOnOutOfMemoryError``), or tasks of cancelled jobs keep running past
+``--reap-after`` (a tight loop never looks at its interrupt, and it holds a core), the
+process exits, and the manager starts a new one.
+
+It reads the store's files and writes only under ``--work-dir`` (Spark's scratch space);
+run as an OS user of its own (``pvm serve --analyst-user``), it can do nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime
+import decimal
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from warehouse.analysts.messages import (
+    Cancel,
+    Published,
+    QueryRequest,
+    QueryResult,
+    RowsRequest,
+    RowsResult,
+    WorkerHealth,
+)
+
+log = logging.getLogger("pvm.analysts")
+
+CONNECT_TOKEN_ENV = "PVM_ANALYST_CONNECT_TOKEN"
+"""The secret the process's own Spark Connect server requires: only the manager's gateway
+knows it (passed in the environment, never on the command line)."""
+
+JVM_DIED_EXIT = 70
+ZOMBIES_EXIT = 71
+
+T = TypeVar("T")
+
+
+class QueryFailed(Exception):
+    """Spark refused or failed the query; the message is for the analyst."""
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-friendly form of what Spark returns.
+
+    >>> json_value(float("inf")), json_value(decimal.Decimal("1.50")), json_value(b"\\x00")
+    ('inf', '1.50', 'AA==')
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(item, tuple) and len(item) == 2 for item in value) and value:
+            return {str(k): json_value(v) for k, v in value}  # Arrow maps come as pairs
+        return [json_value(v) for v in value]
+    return str(value)
+
+
+def spark_message(exc: BaseException) -> str:
+    """The first line of a Spark error, without the JVM stack trace."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:1000] if lines else type(exc).__name__
+
+
+def _fit(rows: list[list[Any]], max_bytes: int) -> tuple[list[list[Any]], bool]:
+    """The longest prefix of ``rows`` whose JSON stays within ``max_bytes``; whether it was cut."""
+    import json
+
+    total = 0
+    for i, row in enumerate(rows):
+        total += len(json.dumps(row, default=str)) + 1
+        if total > max_bytes:
+            return rows[:i], True
+    return rows, False
+
+
+class Engine:
+    """Analyst queries and row reads on the process's Spark session."""
+
+    def __init__(self, spark: Any, concurrency: int) -> None:
+        from warehouse.store.published import PublishedViews
+
+        self.spark = spark
+        self.views = PublishedViews(spark)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="query")
+        self._control = ThreadPoolExecutor(2, thread_name_prefix="control")
+        self._publishing = ThreadPoolExecutor(1, thread_name_prefix="publish")  # records in order
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return sorted(self._running)
+
+    async def in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def in_control(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._control, fn, *args)
+
+    async def publish(self, published: Published) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._publishing, self._apply, published)
+
+    def _apply(self, published: Published) -> None:
+        from warehouse.store.spark import ViewMeta
+
+        if published.reset:
+            for name in set(self.views.names()) - set(published.views):
+                self.views.apply(name, None)
+        for name, record in published.views.items():
+            self.views.apply(name, None if record is None else ViewMeta.from_record(record))
+
+    def _tagged(self, tag: str, work: Callable[[], T]) -> T:
+        """Run ``work`` with its Spark jobs under ``tag``; cancelling the tag interrupts their
+        tasks' threads (``setInterruptOnCancel``), not only the scheduling of new ones."""
+        context = self.spark.sparkContext
+        with self._lock:
+            self._running.add(tag)
+        context.setInterruptOnCancel(True)
+        context.addJobTag(tag)
+        try:
+            return work()
+        except Exception as exc:
+            exit_if_jvm_gone(self.spark)
+            raise QueryFailed(spark_message(exc)) from exc
+        finally:
+            try:
+                context.removeJobTag(tag)
+            except Exception:
+                pass
+            with self._lock:
+                self._running.discard(tag)
+
+    def query(self, request: QueryRequest) -> QueryResult:
+        def work() -> QueryResult:
+            frame = self.spark.sql(request.sql)
+            table = frame.limit(request.limit + 1).toArrow()
+            columns = list(frame.columns)
+            data = [table.column(i).to_pylist() for i in range(table.num_columns)]
+            rows = [[json_value(v) for v in row] for row in zip(*data)] if data else []
+            fitted, cut = _fit(rows[: request.limit], request.max_bytes)
+            return QueryResult(columns=columns, rows=fitted, truncated=cut or len(rows) > request.limit)
+
+        return self._tagged(request.tag, work)
+
+    def rows(self, request: RowsRequest) -> RowsResult:
+        from warehouse.store.spark import WEIGHT, ViewMeta, RowCodec, sums_sql, visible_sql
+
+        meta = ViewMeta.from_record(request.record)
+        codec = RowCodec(meta.columns, meta.types)
+
+        def work() -> RowsResult:
+            session = self.spark.newSession()  # temporary views of its own
+            session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView("base")
+            session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView("zlog")
+            order = ", ".join(f"`{c}` ASC NULLS LAST" for c in meta.columns)
+            page = session.sql(
+                f"SELECT * FROM ({visible_sql('base', 'zlog', meta.columns, request.as_of)}) "
+                f"ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
+            ).toArrow()
+            total = session.sql(
+                f"SELECT COALESCE(SUM({WEIGHT}), 0) FROM ({sums_sql('base', 'zlog', meta.columns, request.as_of, '> 0')})"
+            ).toArrow()
+            rows = [[json_value(v) for v in row] for row in codec.decode(page)]
+            fitted, cut = _fit(rows, request.max_bytes)
+            return RowsResult(columns=list(meta.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut)
+
+        return self._tagged(request.tag, work)
+
+    def zombie_tasks(self) -> int:
+        """Tasks still running that belong to no active stage: tasks of cancelled jobs that
+        ignore their interrupt (a tight loop never checks it). In local mode Spark's task
+        reaper only logs them; ``watch_jvm`` ends the process instead."""
+        tracker = self.spark.sparkContext.statusTracker()
+        active = 0
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            active += info.numActiveTasks if info is not None else 0
+        infos = self.spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+        running = sum(infos[i].numRunningTasks() for i in range(len(infos)))
+        return max(0, running - active)
+
+    def cancel(self, tag: str) -> None:
+        try:
+            self.spark.sparkContext.cancelJobsWithTag(tag)
+        except Exception:
+            exit_if_jvm_gone(self.spark)
+            raise
+
+
+def exit_if_jvm_gone(spark: Any) -> None:
+    """End this process if the JVM no longer answers a trivial call (an out-of-memory exit,
+    a crash): it is of no use any more, and the manager starts a new one."""
+    try:
+        spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+    except Exception as exc:
+        log.error("the JVM is gone (%s): exiting", spark_message(exc))
+        logging.shutdown()
+        os._exit(JVM_DIED_EXIT)
+
+
+def watch_jvm(engine: Engine, reap_after: float, interval: float = 1.0) -> None:
+    """Exit when the JVM stops answering (it died between queries), or when tasks of
+    cancelled jobs keep running ``reap_after`` seconds: they hold the process's cores, and
+    only a new JVM gets them back."""
+    if reap_after <= 0:
+        raise ValueError("reap_after must be positive")
+
+    def loop() -> None:
+        zombies_since: float | None = None
+        while True:
+            time.sleep(interval)
+            try:
+                zombies = engine.zombie_tasks()
+            except Exception:
+                exit_if_jvm_gone(engine.spark)
+                continue
+            now = time.monotonic()
+            zombies_since = None if not zombies else zombies_since or now
+            if zombies_since is not None and now - zombies_since >= reap_after:
+                log.error("%d cancelled tasks still run after %.0f s: exiting to free the cores", zombies, reap_after)
+                logging.shutdown()
+                os._exit(ZOMBIES_EXIT)
+
+    threading.Thread(target=loop, name="jvm-watch", daemon=True).start()
+
+
+def create_app(engine: Engine, connect_port: int | None) -> FastAPI:
+    app = FastAPI(title="pvm analysts' query process", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(QueryFailed)
+    async def failed(_: Any, exc: QueryFailed) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def broken(_: Any, exc: Exception) -> JSONResponse:
+        log.exception("analysts' query process: unexpected error")
+        return JSONResponse({"detail": f"{type(exc).__name__}: {spark_message(exc)}"}, status_code=503)
+
+    @app.get("/health")
+    async def health() -> WorkerHealth:
+        zombies = await engine.in_control(engine.zombie_tasks)
+        return WorkerHealth(
+            ready=True, running=engine.running(), zombie_tasks=zombies, views=len(engine.views.names()), connect_port=connect_port
+        )
+
+    @app.post("/publish")
+    async def publish(body: Published) -> dict[str, int]:
+        await engine.publish(body)
+        return {"views": len(engine.views.names())}
+
+    @app.post("/query")
+    async def query(body: QueryRequest) -> QueryResult:
+        return await engine.in_pool(engine.query, body)
+
+    @app.post("/rows")
+    async def rows(body: RowsRequest) -> RowsResult:
+        return await engine.in_pool(engine.rows, body)
+
+    @app.post("/cancel")
+    async def cancel(body: Cancel) -> dict[str, bool]:
+        await engine.in_control(engine.cancel, body.tag)
+        return {"cancelled": True}
+
+    return app
+
+
+SPARK_DEFAULTS: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.catalogImplementation": "in-memory",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # every query lists the store's directories afresh: new commits and versions are seen
+    "spark.sql.filesourceTableRelationCacheSize": "0",
+    # the process serves its own loopback only
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    # cancelled tasks are watched (local mode only logs those that ignore their interrupt;
+    # ``watch_jvm`` ends the process for them)
+    "spark.task.reaper.enabled": "true",
+    "spark.log.level": "ERROR",
+}
+
+
+def start_spark(args: argparse.Namespace) -> Any:
+    from pyspark.sql import SparkSession
+
+    work = Path(args.work_dir)
+    (work / "tmp").mkdir(parents=True, exist_ok=True)
+    settings = dict(SPARK_DEFAULTS)
+    settings.update(
+        {
+            "spark.driver.memory": args.memory,
+            "spark.driver.extraJavaOptions": f"-XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={work / 'tmp'}",
+            "spark.local.dir": str(work / "tmp"),
+            "spark.sql.warehouse.dir": str(work / "warehouse"),
+        }
+    )
+    for pair in args.spark_conf:
+        key, _, value = pair.partition("=")
+        settings[key] = value
+    builder = SparkSession.builder.master(args.master).appName("pvm-analysts")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings["spark.log.level"])
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m warehouse.analysts.worker")
+    parser.add_argument("--socket", required=True, help="the Unix socket to answer on")
+    parser.add_argument("--work-dir", required=True, help="Spark's scratch space")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--memory", default="1g", help="the JVM's heap (spark.driver.memory)")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--connect-port", type=int, default=-1, help="Spark Connect on loopback; -1: none")
+    parser.add_argument("--spark-conf", action="append", default=[])
+    parser.add_argument("--reap-after", type=float, default=10.0, help="seconds cancelled tasks may keep running")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    spark = start_spark(args)
+    connect_port = None
+    if args.connect_port >= 0:
+        from warehouse.store.spark_connect import start_connect_server
+
+        token = os.environ.get(CONNECT_TOKEN_ENV) or None
+        connect_port = start_connect_server(spark, "127.0.0.1", args.connect_port, token).port
+    engine = Engine(spark, args.concurrency)
+    watch_jvm(engine, args.reap_after)
+
+    import uvicorn
+
+    socket_path = Path(args.socket)
+    socket_path.unlink(missing_ok=True)
+    config = uvicorn.Config(create_app(engine, connect_port), uds=str(socket_path), log_config=None, access_log=False)
+    log.info("analysts' query process ready on %s", socket_path)
+    uvicorn.Server(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
