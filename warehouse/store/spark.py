@@ -59,6 +59,7 @@ from pyspark.sql.types import (
 )
 
 from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
+from warehouse.store.file_access import STORE_FILES
 from warehouse.zset import Row, ZSet
 
 WEIGHT = "_w"
@@ -176,8 +177,8 @@ class JsonStoreCatalog:
                 self._write()
 
     def _write(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_suffix(".tmp")
+        STORE_FILES.make_dir(self._path.parent)
+        tmp = STORE_FILES.create_file(self._path.with_suffix(".tmp"))
         with open(tmp, "w") as f:
             json.dump(self._records, f, indent=1, sort_keys=True)
             f.flush()
@@ -422,13 +423,13 @@ def _order_span(meta: pq.FileMetaData) -> tuple[int, int] | None:
 
 def _link(files: Sequence[str], location: str) -> None:
     """Put immutable data files into another table version without copying their bytes."""
-    Path(location).mkdir(parents=True, exist_ok=True)
+    STORE_FILES.make_dir(Path(location))
     for file in files:
         target = os.path.join(location, os.path.basename(file))
         try:
             os.link(file, target)
         except OSError:  # another file system, or one without hard links
-            shutil.copyfile(file, target)
+            shutil.copyfile(file, STORE_FILES.create_file(Path(target)))
 
 
 def _remove(*locations: str) -> None:
@@ -530,7 +531,7 @@ class SparkStore:
         return state
 
     def _register(self, table: str, location: str, schema: StructType) -> None:
-        Path(location).mkdir(parents=True, exist_ok=True)
+        STORE_FILES.make_dir(Path(location))
         self._spark.sql(f"DROP TABLE IF EXISTS {table}")
         self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
 
@@ -891,4 +892,4 @@ class SparkStore:
             zlog = self._read(codec.zlog_schema, after).where(F.col(ORDER) > bound)
             zlog.write.mode("overwrite").parquet(new_zlog)
         else:
-            Path(new_zlog).mkdir(parents=True, exist_ok=True)
+            STORE_FILES.make_dir(Path(new_zlog))
