@@ -9,13 +9,23 @@ import os
 from pathlib import Path
 
 from pvm.cli import CliError
+from pvm.secret_options import SecretOption
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PVM_DATA_DIR", "var/pvm"))
+ADMIN_TOKEN_FILE = "admin-token"
+CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
+CATALOG_URL = SecretOption(
+    "--catalog", "PVM_CATALOG_URL",
+    "SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)", is_url=True,
+)  # fmt: skip
+CONNECT_TOKEN = SecretOption(
+    "--connect-token", CONNECT_TOKEN_ENV, "the token Spark Connect clients must give", on_command_line=False
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="catalog and view store files (default: var/pvm or $PVM_DATA_DIR)")
-    parser.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)")
+    CATALOG_URL.add_to(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="where views live: Spark tables, or in memory for quick runs (default: spark)")
@@ -26,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--connect-host", default=None, help="interface of the Spark Connect server for analysts (default: --host)")
     parser.add_argument("--connect-port", type=int, default=15002, help="Spark Connect port; 0 picks a free one, -1 starts no server (default: 15002)")
+    CONNECT_TOKEN.add_to(parser)
     parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
     parser.add_argument("--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)")
     parser.add_argument(
@@ -42,17 +53,22 @@ def catalog_url(data_dir: Path, catalog: str | None) -> str:
     return f"sqlite:///{(data_dir / 'catalog.db').resolve()}"
 
 
-def open_store(kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None):
+def open_store(
+    kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+):
+    """The view store; Spark's driver listens on ``host`` (the service's ``--host``)."""
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
         return MemoryStore()
     from warehouse.catalog.db import Catalog, StoreRecords
+    from warehouse.store.file_access import STORE_FILES
     from warehouse.store.spark import SparkStore
     from warehouse.store.spark_session import get_spark
 
-    spark_dir = data_dir / "spark"
-    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf)
+    spark_dir = STORE_FILES.make_dir(data_dir / "spark")
+    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retention_s())
 
 
@@ -68,22 +84,45 @@ def retention_s() -> float:
     return QUERY_TIMEOUT_S + RETENTION_MARGIN_S
 
 
-def announce_first_admin_token(url: str) -> None:
-    """On a catalog without a usable admin token, create one and show it (once, on stderr)."""
+def secure_data_dir(data_dir: Path) -> None:
+    """Owner-only from here on: the umask for everything this process (Spark's JVM included)
+    creates, and the modes of what an earlier run left: the data directory 0700, the catalog
+    key and the admin token file 0600, the view store's files ``STORE_FILES``. (An SQLite
+    catalog file sees to its own, wherever it is.)"""
+    from warehouse.catalog.secrets import KEY_FILE
+    from warehouse.file_modes import PRIVATE, restrict_umask
+    from warehouse.store.file_access import STORE_FILES
+
+    restrict_umask()
+    PRIVATE.make_dir(data_dir)
+    PRIVATE.secure(data_dir / KEY_FILE, data_dir / ADMIN_TOKEN_FILE)
+    STORE_FILES.secure(data_dir / "spark")
+
+
+def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None = None) -> None:
+    """On a catalog without a usable admin token, create one and put it in the 0600 file
+    ``<data-dir>/admin-token``; stderr, a log, only says where it is."""
+    import shlex
     import sys
 
     from api.auth import ensure_admin_token
     from warehouse.catalog.db import Catalog
+    from warehouse.catalog.secrets import SealError
+    from warehouse.file_modes import write_private_file
 
-    catalog = Catalog(url)
+    try:
+        catalog = Catalog(url, key_file)
+    except SealError as exc:  # the key file cannot be read, or is not one
+        raise CliError(str(exc)) from exc
     try:
         token = ensure_admin_token(catalog)
     finally:
         catalog.close()
     if token is not None:
+        path = shlex.quote(str(write_private_file(data_dir / ADMIN_TOKEN_FILE, f"{token}\n").resolve()))
         print(
-            "pvm serve: the catalog had no admin token, so one was created. It is shown only now:\n"
-            f"  export PVM_TOKEN={token}\n"
+            f"pvm serve: the catalog had no admin token, so one was created; it is in {path}, readable by this user only:\n"
+            f"  export PVM_TOKEN=$(cat {path})   # or: pvm … --token-file {path}\n"
             "More tokens: pvm token create --role admin|analyst|wrapper [--source S]",
             file=sys.stderr,
             flush=True,
@@ -93,20 +132,25 @@ def announce_first_admin_token(url: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from api.manager_app import create_app
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from warehouse.catalog.secrets import key_file_for
     from warehouse.manager import Manager
 
-    spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
     setup_logging(args.log_level)
+    spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
+    secure_data_dir(args.data_dir)
     url = catalog_url(args.data_dir, args.catalog)
-    announce_first_admin_token(url)
+    key_file = key_file_for(url, args.data_dir)
+    announce_first_admin_token(url, args.data_dir, key_file)
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf)
+    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf, host=args.host)
     background = start_spark_services(store, args) if args.store == "spark" else []
     try:
-        manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
+        manager = Manager(
+            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, catalog_key_file=key_file
+        )
         server = uvicorn_server(create_app(manager))
         return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
     finally:
@@ -115,12 +159,12 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
 
 
-CONNECT_TOKEN_ENV = "PVM_CONNECT_TOKEN"
-
-
 def check_options(args: argparse.Namespace) -> dict[str, str]:
     """CliError naming the first option that cannot work; starts nothing. Returns the
-    ``--spark-conf`` settings."""
+    ``--spark-conf`` settings; ``args.catalog`` and ``args.connect_token`` hold the values
+    of those secrets, from wherever they were given."""
+    CATALOG_URL.resolve(args)
+    CONNECT_TOKEN.resolve(args)
     spark_conf = spark_settings(args.spark_conf)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
@@ -152,10 +196,10 @@ def check_connect_exposure(args: argparse.Namespace) -> None:
     if args.connect_port < 0:
         return
     host = args.connect_host or args.host
-    problem = exposure_problem(host, os.environ.get(CONNECT_TOKEN_ENV) or None)
+    problem = exposure_problem(host, args.connect_token)
     if problem is not None:
         raise CliError(
-            f"{problem}. Set {CONNECT_TOKEN_ENV}=<secret> to require a token from clients, "
+            f"{problem}. Set {CONNECT_TOKEN_ENV}=<secret> (or --connect-token-file FILE) to require a token from clients, "
             "or keep it on loopback with --connect-host 127.0.0.1, or start no server with --connect-port -1"
         )
 
@@ -173,7 +217,7 @@ def start_spark_services(store, args: argparse.Namespace) -> list:
     if args.connect_port >= 0:
         host = args.connect_host or args.host
         try:
-            connect = start_connect_server(store.spark, host, args.connect_port, os.environ.get(CONNECT_TOKEN_ENV) or None)
+            connect = start_connect_server(store.spark, host, args.connect_port, args.connect_token)
         except ConnectError as exc:
             compactor.stop()
             raise CliError(f"{exc} (--connect-port -1 runs without Spark Connect)") from exc

@@ -4,6 +4,9 @@ compacted table versions are kept for analysts' queries."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 
 import api.analyst
@@ -21,6 +24,15 @@ def pvm(capsys, *argv: str) -> tuple[int, str]:
 @pytest.fixture(autouse=True)
 def no_connect_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(serve.CONNECT_TOKEN_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def process_umask() -> Iterator[None]:
+    """``pvm serve`` run in this process sets its umask; the tests after it keep theirs."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
 
 
 @pytest.mark.parametrize("hosts", [["--host", "0.0.0.0"], ["--connect-host", "10.1.2.3"], ["--host", "::"], ["--connect-host", "myhost.example"]])
@@ -80,7 +92,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
     with pytest.raises(Stop):
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
               "--commit-linger", "0.25", "--commit-group-size", "7"])
-    assert seen == {"commit_group_size": 7, "commit_linger": 0.25}
+    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "catalog_key_file": tmp_path / "catalog.key"}
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
 
@@ -106,7 +118,7 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, host=None):
         seen.update(spark_conf)
         raise Stop
 

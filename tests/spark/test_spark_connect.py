@@ -34,7 +34,7 @@ def test_an_analyst_reads_a_view_through_spark_connect(spark: SparkSession, spar
     spark_store.commit(view, [Effect(1, ZSet({(1, "a"): 2, (2, "b"): 1})), Effect(2, ZSet({(3, "c"): 1}))])
     spark_store.publish(view, 1)
 
-    args = argparse.Namespace(compaction_interval=3600.0, connect_port=0, connect_host=None, host="127.0.0.1")
+    args = argparse.Namespace(compaction_interval=3600.0, connect_port=0, connect_host=None, host="127.0.0.1", connect_token=None)
     stoppers = start_spark_services(spark_store, args)
     try:
         line = capsys.readouterr().out
