@@ -6,6 +6,8 @@ directory) gets it by changing ``STORE_FILES`` alone, e.g. to
 ``FileModes(dir_mode=0o750, file_mode=0o640, group="pvm-readers")``: ``pvm serve`` applies
 it to what exists under ``<data-dir>/spark`` on start, the store creates its directories
 with it, and Spark writes its files with the matching Hadoop umask (``spark_settings``).
+That user must also be let through the data directory itself (0700 today, ``pvm serve``'s
+``secure_data_dir``): 0710 with that group lets it pass without listing the directory.
 
 >>> spark_settings(FileModes(dir_mode=0o750, file_mode=0o640))
 {'spark.hadoop.fs.permissions.umask-mode': '027'}
