@@ -128,3 +128,25 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
               "--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
               "--spark-conf", "spark.sql.shuffle.partitions=8"])
     assert seen == {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Dx=a=b", "spark.sql.shuffle.partitions": "8"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host: str) -> None:
+    """The store's session binds the driver's ports to ``--host`` (``bind_settings``; the
+    shared test session's sockets are checked in tests/spark/test_spark_exposure.py)."""
+    from warehouse.store.spark_session import bind_settings
+
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, host=None):
+        seen["host"] = host
+        raise Stop
+
+    monkeypatch.setattr(serve, "open_store", fake_open_store)
+    with pytest.raises(Stop):
+        main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1", "--host", host])
+    assert seen == {"host": host}
+    assert bind_settings(host)["spark.driver.bindAddress"] == host
