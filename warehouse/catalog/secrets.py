@@ -75,6 +75,7 @@ class TokenSealer:
     def _make(self) -> None:
         self.key_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.key_file.with_name(f".{self.key_file.name}.{os.getpid()}.new")
+        tmp.unlink(missing_ok=True)  # left by a crashed process of the same id
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE.file_mode)
         try:
             with os.fdopen(fd, "wb") as f:
