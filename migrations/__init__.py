@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -16,7 +17,11 @@ def alembic_config(url: str):
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head", token_sealer: Any = None) -> None:
+    """``token_sealer`` (a ``warehouse.catalog.secrets.TokenSealer``) seals the manager
+    tokens of a catalog written before they were sealed (migration 0003)."""
     from alembic import command
 
-    command.upgrade(alembic_config(url), revision)
+    config = alembic_config(url)
+    config.attributes["token_sealer"] = token_sealer
+    command.upgrade(config, revision)

@@ -9,13 +9,19 @@ import os
 from pathlib import Path
 
 from pvm.cli import CliError
+from pvm.secret_options import SecretOption
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PVM_DATA_DIR", "var/pvm"))
+ADMIN_TOKEN_FILE = "admin-token"
+CATALOG_URL = SecretOption(
+    "--catalog", "PVM_CATALOG_URL",
+    "SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)", is_url=True,
+)  # fmt: skip
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="catalog and view store files (default: var/pvm or $PVM_DATA_DIR)")
-    parser.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)")
+    CATALOG_URL.add_to(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="where views live: Spark tables, or in memory for quick runs (default: spark)")
@@ -57,18 +63,20 @@ def catalog_url(data_dir: Path, catalog: str | None) -> str:
 
 def open_store(
     kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None,
-    retire_after_s: float = 0.0,
+    retire_after_s: float = 0.0, host: str = "127.0.0.1",
 ):
+    """The view store; Spark's driver listens on ``host`` (the service's ``--host``)."""
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
         return MemoryStore()
     from warehouse.catalog.db import Catalog, StoreRecords
+    from warehouse.store.file_access import STORE_FILES
     from warehouse.store.spark import SparkStore
     from warehouse.store.spark_session import get_spark
 
-    spark_dir = data_dir / "spark"
-    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf)
+    spark_dir = STORE_FILES.make_dir(data_dir / "spark")
+    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
 
 
@@ -108,22 +116,45 @@ def analyst_settings(args: argparse.Namespace, spark_conf: dict[str, str]):
     )
 
 
-def announce_first_admin_token(url: str) -> None:
-    """On a catalog without a usable admin token, create one and show it (once, on stderr)."""
+def secure_data_dir(data_dir: Path) -> None:
+    """Owner-only from here on: the umask for everything this process (Spark's JVM included)
+    creates, and the modes of what an earlier run left: the data directory 0700, the catalog
+    key and the admin token file 0600, the view store's files ``STORE_FILES``. (An SQLite
+    catalog file sees to its own, wherever it is.)"""
+    from warehouse.catalog.secrets import KEY_FILE
+    from warehouse.file_modes import PRIVATE, restrict_umask
+    from warehouse.store.file_access import STORE_FILES
+
+    restrict_umask()
+    PRIVATE.make_dir(data_dir)
+    PRIVATE.secure(data_dir / KEY_FILE, data_dir / ADMIN_TOKEN_FILE)
+    STORE_FILES.secure(data_dir / "spark")
+
+
+def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None = None) -> None:
+    """On a catalog without a usable admin token, create one and put it in the 0600 file
+    ``<data-dir>/admin-token``; stderr, a log, only says where it is."""
+    import shlex
     import sys
 
     from api.auth import ensure_admin_token
     from warehouse.catalog.db import Catalog
+    from warehouse.catalog.secrets import SealError
+    from warehouse.file_modes import write_private_file
 
-    catalog = Catalog(url)
+    try:
+        catalog = Catalog(url, key_file)
+    except SealError as exc:  # the key file cannot be read, or is not one
+        raise CliError(str(exc)) from exc
     try:
         token = ensure_admin_token(catalog)
     finally:
         catalog.close()
     if token is not None:
+        path = shlex.quote(str(write_private_file(data_dir / ADMIN_TOKEN_FILE, f"{token}\n").resolve()))
         print(
-            "pvm serve: the catalog had no admin token, so one was created. It is shown only now:\n"
-            f"  export PVM_TOKEN={token}\n"
+            f"pvm serve: the catalog had no admin token, so one was created; it is in {path}, readable by this user only:\n"
+            f"  export PVM_TOKEN=$(cat {path})   # or: pvm … --token-file {path}\n"
             "More tokens: pvm token create --role admin|analyst|wrapper [--source S]",
             file=sys.stderr,
             flush=True,
@@ -134,22 +165,28 @@ def run(args: argparse.Namespace) -> int:
     from api.auth import TokenVerifier
     from api.manager_app import create_app
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from warehouse.catalog.secrets import key_file_for
     from warehouse.manager import Manager
 
-    spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
     setup_logging(args.log_level)
+    spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
+    secure_data_dir(args.data_dir)
     url = catalog_url(args.data_dir, args.catalog)
-    announce_first_admin_token(url)
+    key_file = key_file_for(url, args.data_dir)
+    announce_first_admin_token(url, args.data_dir, key_file)
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf, retire_after_s=retention_s(args))
+    store = open_store(
+        args.store, args.data_dir, args.spark_master, url, spark_conf, retire_after_s=retention_s(args), host=args.host
+    )
     background: list = []
     try:
         analysts = start_spark_services(store, args, spark_conf, background) if args.store == "spark" else None
         manager = Manager(
-            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, analysts=analysts
+            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, analysts=analysts,
+            catalog_key_file=key_file,
         )
         verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
         if analysts is not None and args.connect_port >= 0:
@@ -164,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
 
 def check_options(args: argparse.Namespace) -> dict[str, str]:
     """CliError naming the first option that cannot work; starts nothing. Returns the
-    ``--spark-conf`` settings."""
+    ``--spark-conf`` settings; ``args.catalog`` holds the catalog URL, from wherever it was
+    given."""
+    CATALOG_URL.resolve(args)
     spark_conf = spark_settings(args.spark_conf)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")

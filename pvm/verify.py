@@ -13,14 +13,13 @@ import argparse
 import os
 
 from pvm.cli import CliError
-
-TOKEN_ENV = "PVM_TOKEN"
+from pvm.client import API_TOKEN
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("view", metavar="VIEW", help="the view to verify")
     parser.add_argument("--manager", default=os.environ.get("PVM_MANAGER", "http://127.0.0.1:8000"), help="the manager's URL (default: $PVM_MANAGER or http://127.0.0.1:8000)")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token of an analyst or administrator (default: ${TOKEN_ENV})")
+    API_TOKEN.add_to(parser)
     parser.add_argument("--max-differences", type=int, default=20, help="rows listed at most, of each kind (default: 20)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the manager (default: 600)")
     parser.add_argument("--json", action="store_true", help="print the manager's report as JSON instead of tables")
@@ -34,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_differences < 0:
         raise CliError("--max-differences must be >= 0")
+    token = API_TOKEN.value(args)
     console = Console()
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = f"{args.manager.rstrip('/')}/v1/views/{args.view}/verify"
     try:
         with console.status(f"verifying {args.view}: snapshots of its sources, recomputation in Spark, comparison…"):

@@ -86,12 +86,14 @@ def test_serve_makes_a_first_admin_token_once(tmp_path, capsys):
     from pvm.serve import announce_first_admin_token
 
     url = f"sqlite:///{tmp_path / 'catalog.db'}"
-    announce_first_admin_token(url)
+    announce_first_admin_token(url, tmp_path)
     err = capsys.readouterr().err
-    token = next(w.removeprefix("PVM_TOKEN=") for w in err.split() if w.startswith("PVM_TOKEN="))
-    assert parse_token(token) is not None
-    announce_first_admin_token(url)
-    assert capsys.readouterr().err == ""
+    token_file = tmp_path / "admin-token"
+    token = token_file.read_text().strip()
+    assert parse_token(token) is not None and token not in err and "pvm_" not in err
+    assert str(token_file) in err and oct(token_file.stat().st_mode & 0o777) == "0o600"
+    announce_first_admin_token(url, tmp_path)
+    assert capsys.readouterr().err == "" and token_file.read_text().strip() == token
 
 
 def wait_for(condition, timeout: float = 20.0) -> None:

@@ -4,6 +4,9 @@ query process, and how long compacted table versions are kept for analysts' quer
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 
 import api.analyst
@@ -20,6 +23,15 @@ def pvm(capsys, *argv: str) -> tuple[int, str]:
 
 def test_spark_connect_is_off_unless_configured() -> None:
     assert build_parser(["serve"]).parse_args(["serve"]).connect_port == -1
+
+
+@pytest.fixture(autouse=True)
+def process_umask() -> Iterator[None]:
+    """``pvm serve`` run in this process sets its umask; the tests after it keep theirs."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
 
 
 @pytest.mark.parametrize("hosts", [["--host", "0.0.0.0"], ["--connect-host", "10.1.2.3"], ["--host", "::"], ["--connect-host", "myhost.example"]])
@@ -101,7 +113,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
     with pytest.raises(Stop):
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
               "--commit-linger", "0.25", "--commit-group-size", "7"])
-    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "analysts": None}  # memory store: no query process
+    # the memory store: no analysts' query process
+    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "analysts": None, "catalog_key_file": tmp_path / "catalog.key"}
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
 
@@ -129,7 +142,7 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None):
         seen.update(spark_conf)
         raise Stop
 
@@ -139,3 +152,25 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
               "--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
               "--spark-conf", "spark.sql.shuffle.partitions=8"])
     assert seen == {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Dx=a=b", "spark.sql.shuffle.partitions": "8"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host: str) -> None:
+    """The store's session binds the driver's ports to ``--host`` (``bind_settings``; the
+    shared test session's sockets are checked in tests/spark/test_spark_exposure.py)."""
+    from warehouse.store.spark_session import bind_settings
+
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, host=None):
+        seen["host"] = host
+        raise Stop
+
+    monkeypatch.setattr(serve, "open_store", fake_open_store)
+    with pytest.raises(Stop):
+        main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1", "--host", host])
+    assert seen == {"host": host}
+    assert bind_settings(host)["spark.driver.bindAddress"] == host

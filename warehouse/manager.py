@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from api.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
@@ -89,8 +90,12 @@ class Manager:
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
         analysts: AnalystProcess | None = None,
+        catalog_key_file: Path | None = None,
     ) -> None:
+        """``catalog_key_file``: the key of the manager tokens sealed in the catalog
+        (``warehouse.catalog.secrets``; default: next to an SQLite catalog file)."""
         self.catalog_url = catalog_url
+        self.catalog_key_file = catalog_key_file
         self.store = store
         self.analysts = analysts  # runs analysts' SQL and row reads (Spark store only)
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
@@ -116,7 +121,7 @@ class Manager:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url)
+        self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url, self.catalog_key_file)
         for name, info in (await self.db("sources")).items():
             if info.manager_token:
                 self.manager_tokens[name] = info.manager_token

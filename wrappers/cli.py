@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from pvm.cli import CliError
+from pvm.secret_options import SecretOption
 
 TOKEN_ENV = "PVM_WRAPPER_TOKEN"
 APPLICATION_TOKEN_ENV = "PVM_APPLICATION_TOKEN"
+SOURCE_URL_ENV = "PVM_SOURCE_URL"
 CAPTURE_HELP = """capture methods (--capture):
   trigger      triggers write every committed row change to an outbox table in the source
                (SQLite, PostgreSQL, MariaDB/MySQL InnoDB); sees inserts, updates, deletes and
@@ -58,6 +59,23 @@ transactions posted since the previous read. While the manager is down, capture 
 everything ships, in seq order, once it is back."""
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
 
+# Secrets, and the source's URL (it may hold a password): also from a file or the environment.
+SOURCE_URL = SecretOption(
+    "--url", SOURCE_URL_ENV,
+    "SQLAlchemy URL of the source database, e.g. sqlite:///shop.db, postgresql://user@host/db, "
+    "mysql://user@host/db (every method but snapshot capture of --dump-dir)",
+    is_url=True,
+)  # fmt: skip
+WRAPPER_TOKEN = SecretOption("--token", TOKEN_ENV, "bearer token of this source's wrapper role at the manager")
+MANAGER_TOKEN = SecretOption(
+    "--manager-token", MANAGER_TOKEN_ENV,
+    "secret the manager must send to query this wrapper; give the same value when registering the source "
+    "(without one the wrapper answers anyone)",
+)  # fmt: skip
+APPLICATION_TOKEN = SecretOption(
+    "--application-token", APPLICATION_TOKEN_ENV, "application capture: secret the application must send with its changes"
+)
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -88,11 +106,7 @@ def _table_option(text: str) -> tuple[str, str]:
 
 
 def _source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        help="SQLAlchemy URL of the source database, e.g. sqlite:///shop.db, "
-        "postgresql://user@host/db, mysql://user@host/db (every method but snapshot capture of --dump-dir)",
-    )
+    SOURCE_URL.add_to(parser)
     parser.add_argument(
         "--tables", required=True, help="comma-separated tables whose changes are captured, e.g. orders,customers"
     )
@@ -149,22 +163,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_p.add_argument("--source", required=True, help="the source's name as registered in the manager")
     _source_arguments(run_p)
     run_p.add_argument("--manager", required=True, help="base URL of the manager, e.g. http://127.0.0.1:8000")
-    run_p.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV),
-        help=f"bearer token of this source's wrapper role at the manager (default: ${TOKEN_ENV})",
-    )
-    run_p.add_argument(
-        "--manager-token",
-        default=os.environ.get(MANAGER_TOKEN_ENV),
-        help="secret the manager must send to query this wrapper; give the same value when registering the "
-        f"source (default: ${MANAGER_TOKEN_ENV}; without one the wrapper answers anyone)",
-    )
-    run_p.add_argument(
-        "--application-token",
-        default=os.environ.get(APPLICATION_TOKEN_ENV),
-        help=f"application capture: secret the application must send with its changes (default: ${APPLICATION_TOKEN_ENV})",
-    )
+    WRAPPER_TOKEN.add_to(run_p)
+    MANAGER_TOKEN.add_to(run_p)
+    APPLICATION_TOKEN.add_to(run_p)
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
     run_p.add_argument(
@@ -229,11 +230,11 @@ def _capture_config(args: argparse.Namespace):
         types = {table: _column_types(table, spec) for table, spec in args.dump_types}
         snapshot = SnapshotOptions(keys=keys, dump_types=types, **given)
         if (snapshot.dump_dir is None) == (args.url is None):
-            raise CliError("snapshot capture reads either --url or --dump-dir: give exactly one")
+            raise CliError(f"snapshot capture reads either --url (--url-file, ${SOURCE_URL_ENV}) or --dump-dir: give exactly one")
     elif given or args.key or args.dump_types:
         raise CliError("--dump-dir, --key, --dump-types and the snapshot and differential options need --capture snapshot")
     elif args.url is None:
-        raise CliError(f"{args.capture} capture needs --url")
+        raise CliError(f"{args.capture} capture needs --url (or --url-file, or ${SOURCE_URL_ENV})")
     return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds, snapshot)
 
 
@@ -254,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         if args.wrapper_command == "run":
             return _serve(args)
         from wrappers.capture import check_source, dialect_for
+
+        SOURCE_URL.resolve(args)
 
         config = _capture_config(args)
         if config.method != "trigger":
@@ -287,10 +290,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.wrapper_app import create_app
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from warehouse.file_modes import restrict_umask
     from wrappers.state import default_state_dir
     from wrappers.wrapper import Wrapper, WrapperConfig
 
     setup_logging(args.log_level)
+    for option in (SOURCE_URL, WRAPPER_TOKEN, MANAGER_TOKEN, APPLICATION_TOKEN):
+        option.resolve(args)
+    restrict_umask()  # before anything is written: state, outbox and replica hold source data
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:

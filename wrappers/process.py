@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from wrappers.cli import MANAGER_TOKEN_ENV, TOKEN_ENV
+from wrappers.cli import MANAGER_TOKEN_ENV, SOURCE_URL_ENV, TOKEN_ENV
 from wrappers.errors import WrapperError
 
 _LISTENING = re.compile(r"wrapper (\S+) listening on (http://\S+)")
@@ -84,14 +84,15 @@ def start_wrapper(
 ) -> WrapperProcess:
     """Spawn ``python -m pvm wrapper run …`` and return once it listens.
 
-    The tokens (``token`` for posting updates, ``manager_token`` that the manager must send)
-    travel in the environment, not on the command line (which other users can read). Logs go to ``log_path`` if given, else to this process's stderr. Raises
-    WrapperError if the child exits or does not announce itself within ``startup_timeout``.
+    The source's URL (it may hold a password) and the tokens (``token`` for posting updates,
+    ``manager_token`` that the manager must send) travel in the environment, not on the
+    command line (which other users can read). Logs go to ``log_path`` if given, else to
+    this process's stderr. Raises WrapperError if the child exits or does not announce
+    itself within ``startup_timeout``.
     """
     command = [
         sys.executable, "-m", "pvm", "wrapper", "run",
         "--source", source,
-        *(["--url", url] if url is not None else []),  # None: snapshot capture of --dump-dir
         "--tables", ",".join(tables),
         "--manager", manager_url,
         "--host", host,
@@ -103,8 +104,10 @@ def start_wrapper(
         *capture_args,  # e.g. ["--capture", "timestamp", "--timestamp-column", "updated_at"]
     ]  # fmt: skip
     env = dict(os.environ)
-    env.pop(TOKEN_ENV, None)
-    env.pop(MANAGER_TOKEN_ENV, None)
+    for name in (SOURCE_URL_ENV, TOKEN_ENV, MANAGER_TOKEN_ENV):
+        env.pop(name, None)
+    if url is not None:  # None: snapshot capture of --dump-dir
+        env[SOURCE_URL_ENV] = url
     if token:
         env[TOKEN_ENV] = token
     if manager_token:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from warehouse.file_modes import PRIVATE
 from wrappers.capture import sqlite as sqlite_capture
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.schema import SourceSchema, TableSchema
@@ -72,8 +73,8 @@ class Replica:
                 raise WrapperError(f"table {table.name!r} has no primary key, which a replica needs")
         self.path = path
         self.schema = schema
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(exist_ok=True)
+        PRIVATE.make_dir(path.parent)
+        PRIVATE.create_file(path)  # a copy of the source's rows: owner-only
         self.engine = sqlite_capture.open_engine(f"sqlite:///{path}")
         self._tables = {name: sa.table(name, *(sa.column(c) for c in t.columns)) for name, t in schema.tables.items()}
         try:

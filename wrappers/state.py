@@ -15,11 +15,15 @@ It holds what must survive a restart for invariants 1 and 2 (DESIGN.md):
 
 Every change is one SQLite transaction with ``synchronous = FULL``: a seq is durable before
 the update is sent. An exclusive file lock keeps a second wrapper off the same state.
+
+The state directory is 0700 and the source's files in it 0600 (``warehouse.file_modes``):
+pending updates are rows of the source. Files of an earlier run open to others are tightened.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import re
 import sqlite3
@@ -30,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from api.schemas import Change, Interest, Update
+from warehouse.file_modes import PRIVATE
 from wrappers.errors import WrapperError
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -53,9 +58,10 @@ class WrapperState:
     def __init__(self, directory: Path, source: str) -> None:
         if not SOURCE_NAME.fullmatch(source):
             raise WrapperError(f"invalid source name {source!r}: use letters, digits, '_', '-' and '.'")
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{source}.state.sqlite3"
-        self._lock_file = open(directory / f"{source}.lock", "w")
+        PRIVATE.make_dir(directory)
+        PRIVATE.secure(*directory.glob(f"{glob.escape(source)}.*"))  # left by an earlier version
+        self.path = PRIVATE.create_file(directory / f"{source}.state.sqlite3")
+        self._lock_file = open(PRIVATE.create_file(directory / f"{source}.lock"), "w")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -42,7 +42,7 @@ from api.schemas import MAX_CHANGES_PER_UPDATE, MAX_UPDATES_PER_POST, Interest, 
 from wrappers import query
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
-from wrappers.errors import InvalidRequest, WrapperError
+from wrappers.errors import InvalidRequest, WrapperError, masked_url
 from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
 from wrappers.replica import RowChange
@@ -93,7 +93,7 @@ class Wrapper:
             high_water = self._dialect.outbox_high_water(self.engine)
             if high_water < self.state.captured_through:
                 raise WrapperError(
-                    f"the outbox of {config.url} was re-created (ids restart below {self.state.captured_through}); "
+                    f"the outbox of {masked_url(str(config.url))} was re-created (ids restart below {self.state.captured_through}); "
                     f"the state in {self.state.path} belongs to its previous life"
                 )
             self._filter = ChangeFilter.build(self.state.interest, self.schema)

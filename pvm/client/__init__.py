@@ -13,17 +13,19 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pvm.cli import CliError
+from pvm.secret_options import SecretOption
 
 DEFAULT_MANAGER = "http://127.0.0.1:8000"
 MANAGER_ENV = "PVM_MANAGER"
 TOKEN_ENV = "PVM_TOKEN"
+API_TOKEN = SecretOption("--token", TOKEN_ENV, "bearer token")
 
 
 def connection_options(parser: argparse.ArgumentParser) -> None:
-    """``--manager``, ``--token``, ``--timeout`` and ``--json`` on a (sub)command."""
+    """``--manager``, ``--token`` (``--token-file``), ``--timeout`` and ``--json`` on a (sub)command."""
     group = parser.add_argument_group("connection")
     group.add_argument("--manager", default=os.environ.get(MANAGER_ENV, DEFAULT_MANAGER), help=f"the manager's URL (default: ${MANAGER_ENV} or {DEFAULT_MANAGER})")
-    group.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
+    API_TOKEN.add_to(group)
     group.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer (default: 60)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON answer instead of a table")
 
@@ -34,9 +36,10 @@ class Api:
     def __init__(self, args: argparse.Namespace) -> None:
         import httpx
 
+        token = API_TOKEN.value(args)
         self.base = args.manager.rstrip("/")
-        self.has_token = bool(args.token)
-        headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+        self.has_token = bool(token)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.base, headers=headers, timeout=args.timeout)
 
     def __enter__(self) -> Api:
@@ -68,7 +71,7 @@ class Api:
             detail = None
         message = str(detail) if detail else f"HTTP {response.status_code}: {response.text[:300]}"
         if response.status_code == 401 and not self.has_token:
-            message = f"no token given: use --token or set ${TOKEN_ENV} (the first admin token: `pvm token create --role admin --data-dir DIR` on the manager's machine)"
+            message = f"no token given: use --token-file FILE or set ${TOKEN_ENV} (the first admin token: `pvm token create --role admin --data-dir DIR` on the manager's machine)"
         return message
 
     def get(self, path: str, **kwargs: Any) -> Any:

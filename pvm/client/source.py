@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from api.schemas import CAPTURE_METHODS, wrapper_url_problem
 from pvm.cli import CliError
 from pvm.client import Api, comma_list, connection_options, done, print_fields, print_json, print_table
+from pvm.secret_options import SecretOption
 
-MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
+MANAGER_TOKEN = SecretOption(
+    "--manager-token", "PVM_MANAGER_TOKEN", "the secret the wrapper was started with (its --manager-token)"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,11 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the wrapper's capture method (default: trigger); refused if the wrapper reports another",
     )
     add.add_argument("--tables", default=None, help="comma-separated tables to use (default: every captured table)")
-    add.add_argument(
-        "--manager-token",
-        default=os.environ.get(MANAGER_TOKEN_ENV),
-        help=f"the secret the wrapper was started with (its --manager-token; default: ${MANAGER_TOKEN_ENV})",
-    )
+    MANAGER_TOKEN.add_to(add)
     listing = sub.add_parser("list", help="list sources", description="Every source: wrapper, capture, relations, last seq received.")
     show = sub.add_parser("show", help="show a source and its wrapper's health", description="One source and its wrapper's health.")
     show.add_argument("name")
@@ -56,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
             if problem is not None:
                 raise CliError(problem)
             body = {"name": args.name, "wrapper_url": args.wrapper_url, "capture": args.capture, "tables": comma_list(args.tables)}
-            if args.manager_token:
-                body["manager_token"] = args.manager_token
+            manager_token = MANAGER_TOKEN.value(args)
+            if manager_token:
+                body["manager_token"] = manager_token
             source = api.post("/v1/sources", body)
             if args.json:
                 print_json(source)

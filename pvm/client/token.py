@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pvm.cli import CliError
 from pvm.client import Api, connection_options, done, print_json, print_table
+from pvm.serve import CATALOG_URL
 
 ROLES = ("admin", "analyst", "wrapper")
 
@@ -31,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     for p in (create, listing, revoke):
         local = p.add_argument_group("directly on the catalog (no running manager needed)")
         local.add_argument("--data-dir", type=Path, default=None, help="the manager's data directory (its catalog.db)")
-        local.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database")
+        local.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database (or --catalog-file FILE)")
+        local.add_argument("--catalog-file", type=Path, default=None, metavar="FILE", help="read --catalog from the first line of FILE")
         connection_options(p)
 
 
@@ -40,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("a wrapper token is bound to one source: give --source")
     if args.token_command == "create" and args.role != "wrapper" and args.source:
         raise CliError("--source is only for --role wrapper")
+    # $PVM_CATALOG_URL (pvm serve's) does not count here: with it set, the commands would
+    # silently bypass the API
+    args.catalog = CATALOG_URL.value(args, environ={})
     if args.data_dir is not None or args.catalog is not None:
         return _on_catalog(args)
     with Api(args) as api:
@@ -57,12 +62,17 @@ def _on_catalog(args: argparse.Namespace) -> int:
     from api.auth import issue_token
     from pvm.serve import catalog_url
     from warehouse.catalog.db import Catalog, CatalogError
+    from warehouse.catalog.secrets import SealError, key_file_for
 
     if args.catalog is None and not (args.data_dir / "catalog.db").exists():
         if args.token_command != "create":
             raise CliError(f"no catalog in {args.data_dir} (the manager's --data-dir)")
         done(f"new catalog in {args.data_dir} (the manager's --data-dir)")
-    catalog = Catalog(catalog_url(args.data_dir, args.catalog))
+    url = catalog_url(args.data_dir, args.catalog)
+    try:
+        catalog = Catalog(url, key_file_for(url, args.data_dir))
+    except SealError as exc:  # an older catalog whose manager tokens this version seals
+        raise CliError(str(exc)) from exc
     try:
         if args.token_command == "create":
             info, token = issue_token(catalog, args.role, args.source, args.name)

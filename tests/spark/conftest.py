@@ -28,6 +28,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> SparkSession:
         warehouse_dir=tmp_path_factory.mktemp("spark-warehouse"),
         app_name="pvm-tests",
         conf={"spark.sql.shuffle.partitions": "2"},
+        host="127.0.0.1",  # as pvm serve's default: the driver's ports on loopback only
     )
 
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
 import migrations
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
+from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
+from warehouse.file_modes import PRIVATE
 
 
 class CatalogError(Exception):
@@ -99,13 +102,33 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cur.close()
 
 
+def _private_sqlite_file(url: str) -> None:
+    """An SQLite catalog holds the update log and the sealed tokens: its file is made 0600
+    before SQLite opens it (which gives its ``-wal`` and ``-shm`` files that mode too), and an
+    existing one readable by others is made so."""
+    database = make_url(url).database
+    if database in (None, "", ":memory:"):
+        return
+    path = Path(database)
+    if not path.exists():
+        PRIVATE.create_file(path)
+    PRIVATE.secure(path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm"))
+
+
 class Catalog:
-    def __init__(self, url: str) -> None:
+    """``key_file`` holds the key of the sealed manager tokens (``secrets``); by default the
+    one next to an SQLite catalog file. A catalog on a database server without one can keep
+    no manager token."""
+
+    def __init__(self, url: str, key_file: Path | None = None) -> None:
         self.url = url
+        key_file = key_file or key_file_for(url, None)
+        self.sealer = TokenSealer(key_file) if key_file is not None else None
         self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
+            _private_sqlite_file(url)
             _sqlite_pragmas(self.engine)
-        migrations.upgrade(url)
+        migrations.upgrade(url, token_sealer=self.sealer)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -117,7 +140,8 @@ class Catalog:
         with Session(self.engine) as s, s.begin():
             if s.get(SourceRow, name) is not None:
                 raise CatalogError(f"source {name!r} is already registered")
-            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time(), manager_token=manager_token))
+            sealed = None if manager_token is None else self._sealer().seal(manager_token)
+            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time(), sealed_manager_token=sealed))
             s.flush()  # the relations reference it
             for r in relations:
                 s.add(
@@ -137,9 +161,20 @@ class Catalog:
                 info = RelationInfo(r.source, r.name, tuple(r.columns), tuple(r.types), tuple(r.primary_key))
                 rels.setdefault(r.source, {})[r.name] = info
             return {
-                row.name: SourceInfo(row.name, row.wrapper_url, row.capture, rels.get(row.name, {}), row.manager_token)
+                row.name: SourceInfo(row.name, row.wrapper_url, row.capture, rels.get(row.name, {}), self._unseal(row))
                 for row in s.scalars(select(SourceRow))
             }
+
+    def _unseal(self, row: SourceRow) -> str | None:
+        return None if row.sealed_manager_token is None else self._sealer().unseal(row.sealed_manager_token)
+
+    def _sealer(self) -> TokenSealer:
+        if self.sealer is None:
+            raise SealError(
+                f"the catalog on {self.engine.dialect.name} keeps manager tokens sealed with a key file, "
+                "and none was given (the manager's data directory holds it: pvm serve --data-dir)"
+            )
+        return self.sealer
 
     def remove_source(self, name: str) -> None:
         with Session(self.engine) as s, s.begin():

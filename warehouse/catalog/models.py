@@ -19,7 +19,8 @@ class SourceRow(Base):
     wrapper_url: Mapped[str] = mapped_column(String(500))
     capture: Mapped[str] = mapped_column(String(50), default="trigger")
     created_at: Mapped[float] = mapped_column(Float)
-    manager_token: Mapped[str | None] = mapped_column(String(300), nullable=True)  # sent to the wrapper
+    # the token sent to the wrapper, sealed with the catalog's key file (warehouse.catalog.secrets)
+    sealed_manager_token: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class RelationRow(Base):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from warehouse.store import file_access
+
 _lock = threading.Lock()
 _session: SparkSession | None = None
 
@@ -40,26 +42,48 @@ _DEFAULTS: dict[str, str] = {
     "spark.log.level": "ERROR",
 }
 
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def bind_settings(host: str) -> dict[str, str]:
+    """Where the driver's RPC and block-manager ports listen: the interface the service
+    listens on (``pvm serve --host``), never every interface unasked. Spark binds them to the
+    address of the machine's hostname by default, reachable from other machines even when the
+    service itself is on loopback. A wildcard host binds every interface and leaves the
+    address executors are told to Spark (the hostname's).
+
+    >>> bind_settings("127.0.0.1")
+    {'spark.driver.bindAddress': '127.0.0.1', 'spark.driver.host': '127.0.0.1'}
+    >>> bind_settings("0.0.0.0")
+    {'spark.driver.bindAddress': '0.0.0.0'}
+    """
+    if host in WILDCARD_HOSTS:
+        return {"spark.driver.bindAddress": host or "0.0.0.0"}
+    return {"spark.driver.bindAddress": host, "spark.driver.host": host}
+
 
 def get_spark(
     master: str | None = None,
     warehouse_dir: Path | None = None,
     app_name: str = "pvm",
     conf: Mapping[str, str] | None = None,
+    host: str = "127.0.0.1",
 ) -> SparkSession:
     """Return the process's Spark session, starting it on first use.
 
     ``master`` defaults to an embedded ``local[*]`` session; give a ``spark://…`` URL to run
     on a cluster. ``warehouse_dir`` should sit under the service's data directory so that
-    nothing lands in the working directory. ``conf`` overrides the defaults above (tests use
-    it to pin ``spark.sql.shuffle.partitions``). Arguments of later calls are ignored: the
+    nothing lands in the working directory. The driver's ports listen on ``host``
+    (``bind_settings``) and the store's files get the modes of ``file_access.STORE_FILES``.
+    ``conf`` overrides all of these (tests use it to pin ``spark.sql.shuffle.partitions``, a
+    deployment may set ``spark.driver.host``). Arguments of later calls are ignored: the
     session, its master and its static settings are fixed for the life of the process.
     """
     global _session
     with _lock:
         if _session is None:
             builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-            settings = dict(_DEFAULTS)
+            settings = {**_DEFAULTS, **bind_settings(host), **file_access.spark_settings()}
             if warehouse_dir is not None:
                 settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
             settings.update(conf or {})

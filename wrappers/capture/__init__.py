@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from api.schemas import CAPTURE_METHODS
 from wrappers.capture.base import CaptureDialect
 from wrappers.differential import SnapshotError
-from wrappers.errors import WrapperError
+from wrappers.errors import WrapperError, masked_url
 from wrappers.schema import SourceSchema, TableSchema
 
 from wrappers.capture.snapshots import SnapshotOptions
@@ -41,7 +41,7 @@ def dialect_for(url: str) -> CaptureDialect:
     try:
         backend = sa.make_url(url).get_backend_name()
     except sa.exc.ArgumentError as exc:
-        raise WrapperError(f"not a database URL: {url!r}") from exc
+        raise WrapperError(f"not a database URL: {masked_url(url)!r}") from exc
     if backend == "sqlite":
         from wrappers.capture import sqlite
 

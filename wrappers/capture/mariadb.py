@@ -37,7 +37,7 @@ from wrappers.capture.common import (
     reason,
     shown,
 )
-from wrappers.errors import WrapperError
+from wrappers.errors import WrapperError, masked_url
 
 OUTBOX_IDS_IN_COMMIT_ORDER = False
 _OPS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
@@ -51,7 +51,7 @@ def open_engine(url: str) -> sa.Engine:
     try:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError as exc:
-        raise WrapperError(f"not a database URL: {url!r}") from exc
+        raise WrapperError(f"not a database URL: {masked_url(url)!r}") from exc
     if parsed.get_backend_name() not in ("mysql", "mariadb"):
         raise WrapperError(f"not a MariaDB/MySQL URL: {shown(parsed)}")
     if "+" not in parsed.drivername:

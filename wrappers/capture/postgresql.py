@@ -31,7 +31,7 @@ from wrappers.capture.common import (
     reason,
     shown,
 )
-from wrappers.errors import WrapperError
+from wrappers.errors import WrapperError, masked_url
 
 OUTBOX_IDS_IN_COMMIT_ORDER = False
 ROW_FUNCTION = "_pvm_capture"
@@ -44,7 +44,7 @@ def open_engine(url: str) -> sa.Engine:
     try:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError as exc:
-        raise WrapperError(f"not a database URL: {url!r}") from exc
+        raise WrapperError(f"not a database URL: {masked_url(url)!r}") from exc
     if parsed.get_backend_name() != "postgresql":
         raise WrapperError(f"not a PostgreSQL URL: {shown(parsed)}")
     if parsed.drivername == "postgresql":

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
 from wrappers.capture.base import OUTBOX, OutboxRow
-from wrappers.errors import WrapperError
+from wrappers.errors import WrapperError, masked_url
 
 TRIGGER_PREFIX = "_pvm_"
 OUTBOX_IDS_IN_COMMIT_ORDER = True  # one writer at a time
@@ -52,9 +52,9 @@ def open_engine(url: str) -> sa.Engine:
     try:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError as exc:
-        raise WrapperError(f"not a database URL: {url!r}") from exc
+        raise WrapperError(f"not a database URL: {masked_url(url)!r}") from exc
     if parsed.get_backend_name() != "sqlite":
-        raise WrapperError(f"not a SQLite URL: {url!r}")
+        raise WrapperError(f"not a SQLite URL: {masked_url(url)!r}")
     path = database_path(parsed)
     if not os.path.isfile(path):
         raise WrapperError(f"no such database file: {path}")
