@@ -165,7 +165,7 @@ def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None, host=None):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None):
         seen["host"] = host
         raise Stop
 
