@@ -80,7 +80,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
     with pytest.raises(Stop):
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
               "--commit-linger", "0.25", "--commit-group-size", "7"])
-    assert seen == {"commit_group_size": 7, "commit_linger": 0.25}
+    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "stall_after_s": 60.0}
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
 
