@@ -33,6 +33,7 @@ from tests.test_oracle import VIEWS as ORACLE_VIEWS
 from tests.test_oracle import check_view, random_row, random_transaction
 from warehouse.maintainer import Backoff
 from warehouse.sources import SourceError
+from warehouse.store.base import StoreError
 from warehouse.store.memory import MemoryStore
 
 TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
@@ -187,6 +188,37 @@ async def test_a_store_that_fails_for_a_while_is_retried_and_nothing_is_applied_
 
 
 # -- faults that need a person fail the view; resume and restarts retry it -------------------------
+
+
+class RefusingStore(MemoryStore):
+    """Refuses to publish (a request the store cannot serve) while ``refusing``."""
+
+    refusing = False
+
+    def publish(self, view, watermark) -> None:
+        if self.refusing:
+            raise StoreError(f"cannot publish {watermark} of view {view!r}")
+        super().publish(view, watermark)
+
+
+async def test_a_view_that_failed_to_publish_publishes_on_resume(tmp_path):
+    store = RefusingStore()
+    async with served(tmp_path, store) as env:
+        manager, sources = env.manager, env.sources
+        store.refusing = True
+        change_r(sources, 1)
+        await sources["a"].ship()
+        await until(lambda: manager.status("v")["state"] == "failed")
+        assert "cannot publish 2" in manager.status("v")["error"]
+        assert (manager.watermark("v"), store.published("v")) == (2, 1)  # committed, not shown
+
+        store.refusing = False
+        await manager.resume_view("v")
+        await until(lambda: store.published("v") == 2)
+        assert manager.status("v")["state"] == "active"
+        assert await converged(manager, sources)
+        assert sorted(manager.read_rows("v")) == sorted(expected(manager, sources).expand())
+
 
 
 async def test_a_failed_view_is_retried_by_resume_with_its_order_numbers(tmp_path):

@@ -267,13 +267,19 @@ class ViewMaintainer:
 
     async def _maintain(self, unit: Unit) -> None:
         try:
-            effect, stats = await self._retrying(f"order {unit.order}", lambda: self.view_change.run(unit))
+            effect, stats = await self._retrying(
+                f"order {unit.order}",
+                lambda: self.view_change.run(unit),
+                lambda exc: self.failed is None and is_transient(exc),  # a failed view stops retrying
+            )
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # needs a person: stop this view, keep the rest
-            log.exception("maintenance of view %s failed at order %d", self.name, unit.order)
+        except Exception as exc:
             self.protocol.set_aside(unit)  # numbered, waiting for resume
-            await self._fail(f"maintenance of order {unit.order} failed: {_describe(exc)}")
+            self._wake.set()
+            if self.failed is None:  # needs a person: stop this view, keep the rest
+                log.exception("maintenance of view %s failed at order %d", self.name, unit.order)
+                await self._fail(f"maintenance of order {unit.order} failed: {_describe(exc)}")
             return
         self.counters.subqueries += stats.subqueries
         self.counters.compensations += stats.compensations
@@ -339,21 +345,25 @@ class ViewMaintainer:
             self._commit_wake.clear()
             if self.settings.commit_linger:
                 await asyncio.sleep(self.settings.commit_linger)
-            while self.failed is None and (group := self._committable()[: self.settings.commit_group_size]):
-                try:
+            try:
+                if self.failed is None and self._published < self.protocol.watermark:
+                    await self._commit([])  # a publish that failed before resume
+                while self.failed is None and (group := self._committable()[: self.settings.commit_group_size]):
                     await self._commit(group)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # needs a person: the effects wait in memory for resume
-                    log.exception("view %s: commit of orders %s failed", self.name, group)
-                    await self._fail(f"commit of orders {group[0]}..{group[-1]} failed: {_describe(exc)}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # needs a person: the effects wait in memory for resume
+                log.exception("view %s: commit failed", self.name)
+                await self._fail(f"commit failed: {_describe(exc)}")
             self._check_idle()
 
     async def _commit(self, group: list[int]) -> None:
+        """Commit a group of ready effects (none: only publish W), then publish W."""
         self._committing = True
         try:
-            effects = await self._retrying("commit", lambda: self._store_group(group))
-            self._committed(group, effects)
+            if group:
+                effects = await self._retrying("commit", lambda: self._store_group(group))
+                self._committed(group, effects)
             await self._retrying("publish", self._publish)
         finally:
             self._committing = False
