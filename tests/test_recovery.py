@@ -27,6 +27,7 @@ from py4j.protocol import Py4JNetworkError
 from api.auth import issue
 from api.manager_app import create_app
 from api.schemas import Subquery, SubqueryAnswer
+from pvm.client.view import _show as show_view
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from tests.test_oracle import TABLES as ORACLE_TABLES
 from tests.test_oracle import VIEWS as ORACLE_VIEWS
@@ -115,7 +116,7 @@ async def state_in_catalog(manager, view: str = "v") -> str:
 # -- transient faults are retried ---------------------------------------------------------------
 
 
-async def test_a_source_unreachable_past_its_retries_is_retried_not_failed(tmp_path):
+async def test_a_source_unreachable_past_its_retries_is_retried_not_failed(tmp_path, capsys):
     async with served(tmp_path) as env:
         manager, sources = env.manager, env.sources
         fixed = asyncio.Event()
@@ -127,6 +128,8 @@ async def test_a_source_unreachable_past_its_retries_is_retried_not_failed(tmp_p
         assert view["state"] == "active" and view["error"] is None, view
         assert view["retrying"]["attempts"] >= 2 and view["retrying"]["steps"] == 1, view
         assert view["retrying"]["error"] == "ClientConnectionError: wrapper of b unreachable"
+        show_view(view)  # what `pvm view show v` prints
+        assert "retrying" in capsys.readouterr().out
         assert await state_in_catalog(manager) == "active"
         health = (await env.client.get("/v1/health")).json()
         assert any("view 'v' retrying" in p for p in health["problems"]), health
@@ -414,7 +417,7 @@ async def test_ready_and_health_report_a_store_that_does_not_answer(tmp_path):
         assert "pvm_store_up 1.0" in (await env.client.get("/metrics")).text
 
 
-async def test_ready_reports_a_stalled_view(tmp_path):
+async def test_ready_reports_a_stalled_view(tmp_path, capsys):
     async with served(tmp_path) as env:
         manager, sources = env.manager, env.sources
         manager.stall_after_s = 0.3
@@ -430,6 +433,8 @@ async def test_ready_reports_a_stalled_view(tmp_path):
         await asyncio.sleep(0.4)
         view = (await env.client.get("/v1/views/v", headers=env.admin)).json()
         assert view["stalled"] is True and view["no_progress_seconds"] >= 0.3, view
+        show_view(view)
+        assert "stalled" in capsys.readouterr().out
         ready = await env.client.get("/v1/ready")
         assert ready.status_code == 503 and "view 'v': maintenance stalled" in ready.json()["detail"], ready.text
         assert 'pvm_view_stalled{view="v"} 1.0' in (await env.client.get("/metrics")).text
