@@ -57,6 +57,7 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
 
 
 STALL_AFTER_S = 60.0
+LOG_IDS_PER_READ = 900  # an IN list within every SQLite's limit on bound parameters
 
 
 @dataclass
@@ -355,7 +356,11 @@ class Manager:
         # what the protocol holds: uncommitted units, and committed ones they may compensate with
         kept = [u for u in units if not u.committed or (oldest is not None and u.order > oldest)]
         ids = sorted({i for u in kept for i in u.log_ids})
-        entries = {e.id: e for e in await self.db("log_entries", None, 0, ids)} if ids else {}
+        entries = {
+            e.id: e
+            for start in range(0, len(ids), LOG_IDS_PER_READ)
+            for e in await self.db("log_entries", None, 0, ids[start : start + LOG_IDS_PER_READ])
+        }
         protocol.next_order = max((u.order + 1 for u in units), default=protocol.next_order)
         rebuilt: list[Unit] = []
         for u in kept:
