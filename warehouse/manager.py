@@ -12,9 +12,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
