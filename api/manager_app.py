@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ MAX_PAGE = 10_000
 MAX_BODY_BYTES = 1 << 20  # every request body but a wrapper's updates
 MAX_UPDATE_BODY_BYTES = 64 << 20  # POST /v1/updates
 ROW_COUNT_REFRESH_SECONDS = 2.0
+STARTING_RETRY_AFTER_S = 5  # what a client hears while the manager starts (Spark: 10-35 s)
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 ADMIN = require_role("admin")
@@ -164,6 +166,14 @@ class ViewCountersOut(BaseModel):
     compensations: int
     commit_groups: int
     peak_running: int
+    retries: int = Field(description="steps repeated after a transient fault")
+
+
+class RetryOut(BaseModel):
+    steps: int = Field(description="steps being retried now: units (each keeps its PPU slot), the commit, a publish")
+    attempts: int = Field(description="failed attempts of the step retried longest")
+    error: str = Field(description="the latest error")
+    since: float = Field(description="when the first of these faults happened (Unix time)")
 
 
 VIEW_EXAMPLE = {
@@ -177,8 +187,12 @@ VIEW_EXAMPLE = {
     "watermark": 318,
     "paused": False,
     "idle": False,
+    "retrying": None,
+    "stalled": False,
+    "no_progress_seconds": 0.12,
     "updates_queued": 3,
     "units_running": 4,
+    "units_waiting": 0,
     "units_retained": 1,
     "updates_pending": 7,
     "lag_updates": 9,
@@ -187,7 +201,7 @@ VIEW_EXAMPLE = {
     "row_count_as_of": 318,
     "counters": {
         "updates_received": 326, "units_started": 322, "units_maintained": 319, "units_committed": 318,
-        "subqueries": 611, "compensations": 57, "commit_groups": 240, "peak_running": 4,
+        "subqueries": 611, "compensations": 57, "commit_groups": 240, "peak_running": 4, "retries": 0,
     },
 }
 
@@ -195,8 +209,12 @@ VIEW_EXAMPLE = {
 class ViewOut(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [VIEW_EXAMPLE]})
     name: str
-    state: str = Field(description="initializing (initial load running), active, or failed")
-    error: str | None
+    state: str = Field(
+        description="initializing (initial load running), active, or failed: a fault that needs a person (a source "
+        "refusing subqueries, e.g. its schema no longer matches; a value the store cannot hold; a bug). Fix the cause, "
+        "then resume the view. Transient faults do not fail a view: see `retrying`"
+    )
+    error: str | None = Field(description="why the view failed")
     sql: str
     parallelism: int
     batch_size: int
@@ -204,8 +222,20 @@ class ViewOut(BaseModel):
     watermark: int = Field(description="visibility watermark W: reads default to the view as of W")
     paused: bool
     idle: bool
-    updates_queued: int = Field(description="updates in the UMQ")
+    retrying: RetryOut | None = Field(
+        description="steps retried after a transient fault (a source unreachable past its client's retries, the store "
+        "or the catalog failing), with backoff for as long as the fault lasts; null when none is"
+    )
+    stalled: bool = Field(description="the watchdog: work pending and no progress for the manager's limit (60 s by default)")
+    no_progress_seconds: float = Field(
+        description="how long the view has had work pending with no unit started, maintained or committed; 0 when it has "
+        "none, or is paused or failed"
+    )
+    updates_queued: int = Field(description="updates received and in no unit yet (a paused or failed view keeps them in the catalog only)")
     units_running: int = Field(description="units in the PPU (its occupancy)")
+    units_waiting: int = Field(
+        description="numbered units waiting for a PPU slot: recovered after a restart, or stopped by a fault until resume"
+    )
     units_retained: int = Field(description="units in the RPU")
     updates_pending: int = Field(description="updates queued or being maintained")
     lag_updates: int = Field(description="updates received but not visible at W yet")
@@ -215,7 +245,10 @@ class ViewOut(BaseModel):
     )
     row_count: int | None = Field(description="rows of the view as of row_count_as_of (W; a slow store recounts every few seconds)")
     row_count_as_of: int | None
-    counters: ViewCountersOut
+    counters: ViewCountersOut = Field(
+        description="running totals since the manager started: like Prometheus counters, they restart from zero "
+        "when the manager restarts"
+    )
 
 
 class RowsOut(BaseModel):
@@ -244,18 +277,33 @@ class RowsOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"ok": True, "sources": 3, "views": 1}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"ok": True, "starting": False, "sources": 3, "views": 1, "problems": []},
+                {"ok": True, "starting": True, "sources": 0, "views": 0, "problems": []},
+            ]
+        }
+    )
     ok: bool
+    starting: bool = Field(default=False, description="the view store and the manager are still starting")
     sources: int
     views: int
+    problems: list[str] = Field(
+        default_factory=list,
+        description="what needs attention, one sentence each: the view store not answering, views failed, retrying or stalled",
+    )
 
 
 class ReadyOut(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"ready": True, "catalog": "ok", "views": {"active": 2, "initializing": 1}}]}
+        json_schema_extra={
+            "examples": [{"ready": True, "catalog": "ok", "store": "ok", "views": {"active": 2, "initializing": 1}}]
+        }
     )
     ready: bool
     catalog: str
+    store: str = Field(default="ok", description="the view store answers")
     views: dict[str, int] = Field(description="how many views are in each state (initializing, active, failed)")
 
 
@@ -308,7 +356,7 @@ ERROR_EXAMPLES = {
     413: ("request body too large", "request body larger than 1048576 bytes"),
     422: ("invalid request", "unsupported SQL: aggregates are not supported (COUNT)"),
     502: ("the source's wrapper refused or is unreachable", "could not read the schema of source 'shop' at http://127.0.0.1:8101: …"),
-    503: ("not ready", "the catalog does not answer: …"),
+    503: ("not ready, or still starting (then with `Retry-After`)", "not ready: the view store does not answer: …"),
 }
 
 
@@ -334,13 +382,24 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_update_bytes: int = MAX_UPDATE_BODY_BYTES,
     verifier: TokenVerifier | None = None,
+    startup: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
-    """The manager's app; ``verifier`` resolves bearer tokens (shared with the Spark Connect
-    gateway, so that revoking a token ends both kinds of access at once)."""
+    """The manager's app. ``verifier`` resolves bearer tokens (shared with the Spark Connect
+    gateway, so that revoking a token ends both kinds of access at once). ``startup``: what
+    starts the manager, run in the background once the server listens (``pvm serve`` opens
+    the view store, then starts the manager); until the manager has started every route but
+    ``/v1/health`` answers 503 with ``Retry-After``. Without it the manager starts before the
+    server accepts requests."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await manager.start()
+        starting = asyncio.create_task(startup(), name="startup") if startup is not None else None
+        if starting is None:
+            await manager.start()
         yield
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
         await manager.stop()
 
     app = FastAPI(
@@ -370,6 +429,7 @@ def create_app(
     app.state.auth = verifier or TokenVerifier(lambda token_id: manager.db("token", token_id))
     app.state.metrics = registry_for(manager)
     app.add_middleware(BodyLimit, default=max_body_bytes, limits={"/v1/updates": max_update_bytes})
+    app.add_middleware(StartingGate, manager=manager)
     _error_handlers(app)
     app.include_router(_service_routes(manager, app))
     app.include_router(_update_routes(manager))
@@ -424,6 +484,27 @@ def validation_error_response(problems: list[dict[str, Any]]) -> JSONResponse:
     return JSONResponse({"detail": f"invalid request: {shown}{more}", "errors": cleaned[:100]}, status_code=422)
 
 
+class StartingGate:
+    """Until the manager has started (the view store opens: Spark takes 10-35 s), answers
+    every request but ``/v1/health`` with 503, ``Retry-After`` and a JSON detail, so that
+    clients see a manager that is coming rather than a refused connection."""
+
+    def __init__(self, app, manager: Manager) -> None:
+        self.app = app
+        self.manager = manager
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or self.manager.started or scope["path"] == "/v1/health":
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"detail": "the manager is starting (opening the view store); retry shortly"},
+            status_code=503,
+            headers={"Retry-After": str(STARTING_RETRY_AFTER_S)},
+        )
+        await response(scope, receive, send)
+
+
 class BodyLimit:
     """Refuses request bodies over a size limit with 413, before they are read when the
     Content-Length says so, else as soon as the body read so far exceeds it."""
@@ -463,27 +544,47 @@ class BodyLimit:
 def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
     router = APIRouter(tags=["service"])
 
-    @router.get("/v1/health", response_model=HealthOut, summary="Liveness", description="The process answers. No token needed.")
+    @router.get(
+        "/v1/health",
+        response_model=HealthOut,
+        summary="Liveness",
+        description="The process answers (also while it starts: `starting`). `problems` lists what needs attention: the "
+        "view store not answering (as last probed), views failed, retrying or stalled. Never waits on the store. No "
+        "token needed.",
+    )
     async def health() -> HealthOut:
-        return HealthOut(ok=True, sources=len(manager.clients), views=len(manager.views))
+        if not manager.started:
+            return HealthOut(ok=True, starting=True, sources=0, views=0)
+        store = manager.store_probe.last() if manager.store_probe is not None else None
+        problems = [f"the view store does not answer: {store}"] if store else []
+        return HealthOut(
+            ok=True, sources=len(manager.clients), views=len(manager.views), problems=problems + manager.view_problems()
+        )
 
     @router.get(
         "/v1/ready",
         response_model=ReadyOut,
         summary="Readiness",
-        description="Ready to serve: the catalog database answers. Counts the views in each state (a failed view "
-        "does not make the manager unready). 503 when not ready. No token needed.",
+        description="Ready to serve: started, the catalog database answers, the view store answers a cheap probe (a "
+        "trivial call into Spark's JVM, at most every 5 s, 5 s timeout) and no view's maintenance is stalled (work "
+        "pending and no progress for the watchdog's limit). Counts the views in each state (a failed view does not "
+        "make the manager unready; `/v1/health` lists it). 503 naming every reason when not ready. No token needed.",
         responses=errors(503),
     )
     async def ready() -> ReadyOut | JSONResponse:
-        if manager.catalog is None:
-            return JSONResponse({"detail": "the manager is starting: the catalog is not open yet"}, status_code=503)
+        reasons = []
         try:
             await manager.db("ping")
         except Exception as exc:
-            return JSONResponse({"detail": f"the catalog does not answer: {exc}"}, status_code=503)
+            reasons.append(f"the catalog does not answer: {exc}")
+        store = await manager.store_probe.problem() if manager.store_probe is not None else None
+        if store is not None:
+            reasons.append(f"the view store does not answer: {store}")
+        reasons += manager.stalled_views()
+        if reasons:
+            return JSONResponse({"detail": "not ready: " + "; ".join(reasons), "problems": reasons}, status_code=503)
         states = Counter(h.info.state for h in manager.views.values())
-        return ReadyOut(ready=True, catalog="ok", views=dict(sorted(states.items())))
+        return ReadyOut(ready=True, catalog="ok", store="ok", views=dict(sorted(states.items())))
 
     @router.get(
         "/metrics",
@@ -682,22 +783,24 @@ def _view_routes(manager: Manager) -> APIRouter:
         "/v1/views/{name}/pause",
         response_model=ViewOut,
         summary="Pause maintenance",
-        description="Updates keep being received and queued; no new maintenance unit starts. Admin only.",
+        description="Updates keep being received and queued; no new maintenance unit starts. Once nothing of the view "
+        "runs, its queued updates stay in the catalog's update log only (not in memory). Admin only.",
         responses=errors(*AUTH, 404),
     )
     async def pause_view(name: str = Path(max_length=200), _: Principal = Depends(ADMIN)) -> ViewOut:
-        manager.view(name).maintainer.pause()
+        manager.pause_view(name)
         return await status(name)
 
     @router.post(
         "/v1/views/{name}/resume",
         response_model=ViewOut,
         summary="Resume maintenance",
-        description="Start maintaining queued updates again. Admin only.",
+        description="Start maintaining queued updates again (read back from the update log). A failed view is retried: "
+        "its unfinished units run again with their order numbers, then everything queued. Admin only.",
         responses=errors(*AUTH, 404),
     )
     async def resume_view(name: str = Path(max_length=200), _: Principal = Depends(ADMIN)) -> ViewOut:
-        manager.view(name).maintainer.resume()
+        await manager.resume_view(name)
         return await status(name)
 
     @router.get(

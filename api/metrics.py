@@ -75,6 +75,10 @@ class ManagerCollector(Collector):
         for source in sorted(m.clients):
             received.add_metric([source], m.receiver.released_through(source))
         yield received
+        if m.store_probe is not None:
+            up = GaugeMetricFamily("pvm_store_up", "1 when the view store answered its latest probe (never waited for here)")
+            up.add_metric([], 0.0 if m.store_probe.last() else 1.0)
+            yield up
 
         def counter(name: str, doc: str) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, labels=["view"])
@@ -89,11 +93,18 @@ class ManagerCollector(Collector):
             "committed": counter("pvm_view_units_committed", "Maintenance units whose effect is committed to the store"),
             "subqueries": counter("pvm_view_subqueries", "Subqueries sent to the sources' wrappers"),
             "compensations": counter("pvm_view_compensations", "Concurrent updates compensated in subquery answers"),
+            "retries": counter(
+                "pvm_view_retries", "Steps repeated after a transient fault (a source unreachable, the store or the catalog failing)"
+            ),
+            "retrying": gauge("pvm_view_retrying", "Steps (units, the commit) being retried now after a transient fault"),
+            "stalled": gauge("pvm_view_stalled", "1 when the watchdog sees work pending and no progress for its limit"),
+            "no_progress": gauge("pvm_view_no_progress_seconds", "Seconds with work pending and no unit started, maintained or committed"),
             "pending": gauge("pvm_view_updates_pending", "Updates queued (UMQ) or being maintained (PPU)"),
-            "queued": gauge("pvm_view_updates_queued", "Updates waiting in the UMQ"),
+            "queued": gauge("pvm_view_updates_queued", "Updates received and in no unit yet (UMQ, or the log of a held view)"),
             "ppu": gauge("pvm_view_ppu_occupancy", "Units being maintained (PPU occupancy)"),
             "ppu_size": gauge("pvm_view_ppu_size", "PPU size p: units maintained at most at once"),
             "retained": gauge("pvm_view_units_retained", "Maintained units kept for compensation (RPU)"),
+            "waiting": gauge("pvm_view_units_waiting", "Numbered units waiting for a PPU slot (after a restart or a fault)"),
             "watermark": gauge("pvm_view_watermark", "Visibility watermark W: every order <= W is committed"),
             "lag_updates": gauge("pvm_view_lag_updates", "Updates received but not visible at W yet"),
             "lag_seconds": gauge(
@@ -120,11 +131,16 @@ class ManagerCollector(Collector):
                 ("committed", c.units_committed),
                 ("subqueries", c.subqueries),
                 ("compensations", c.compensations),
+                ("retries", c.retries),
+                ("retrying", len(maintainer.retrying)),
+                ("stalled", 1.0 if m.stalled(handle) else 0.0),
+                ("no_progress", maintainer.seconds_without_progress()),
                 ("pending", progress["updates_pending"]),
-                ("queued", len(protocol.umq)),
+                ("queued", protocol.queued),
                 ("ppu", len(protocol.ppu)),
                 ("ppu_size", protocol.parallelism),
                 ("retained", len(protocol.rpu)),
+                ("waiting", len(protocol.waiting)),
                 ("watermark", protocol.watermark),
                 ("lag_updates", progress["lag_updates"]),
                 ("lag_seconds", progress["lag_seconds"]),

@@ -1,11 +1,19 @@
-"""``pvm serve``: the manager (HTTP API, maintenance of every view, the view store)."""
+"""``pvm serve``: the manager (HTTP API, maintenance of every view, the view store).
+
+The API listens at once; the view store (Spark takes 10-35 s), its companions and the
+manager start behind it (``start_services``), and until they have, every route but
+``/v1/health`` answers 503 with ``Retry-After``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pvm.cli import CliError
@@ -17,6 +25,7 @@ CATALOG_URL = SecretOption(
     "--catalog", "PVM_CATALOG_URL",
     "SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)", is_url=True,
 )  # fmt: skip
+log = logging.getLogger("pvm.serve")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +59,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--commit-linger", type=float, default=0.0, metavar="SECONDS",
         help="how long the commit manager waits after an effect is ready, to gather more into the same write (default: 0)",
+    )
+    parser.add_argument(
+        "--stall-after", type=float, default=60.0, metavar="SECONDS",
+        help="the maintenance watchdog: a view with work pending and no progress this long is reported stalled and makes /v1/ready fail (default: 60)",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
 
@@ -178,25 +191,50 @@ def run(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc}") from exc
-    store = open_store(
-        args.store, args.data_dir, args.spark_master, url, spark_conf, retire_after_s=retention_s(args), host=args.host
-    )
-    background: list = []
+    stoppers: list[Callable[[], None]] = []
+    failures: list[BaseException] = []
     try:
-        analysts = start_spark_services(store, args, spark_conf, background) if args.store == "spark" else None
         manager = Manager(
-            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, analysts=analysts,
-            catalog_key_file=key_file,
+            url, None, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger,
+            stall_after_s=args.stall_after, catalog_key_file=key_file,
         )
         verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
-        if analysts is not None and args.connect_port >= 0:
-            start_connect_gateway(manager, analysts, verifier, args, background)
-        server = uvicorn_server(create_app(manager, verifier=verifier))
-        return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+
+        async def startup() -> None:
+            try:
+                await start_services(args, manager, verifier, url, spark_conf, stoppers)
+            except Exception as exc:  # raised below, once the server has stopped
+                failures.append(exc)
+                server.should_exit = True
+
+        server = uvicorn_server(create_app(manager, startup=startup, verifier=verifier))
+        code = asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+        if failures:
+            raise failures[0]
+        return code
     finally:
-        for stop in reversed(background):
+        for stop in reversed(stoppers):
             stop()
         sock.close()
+
+
+async def start_services(
+    args: argparse.Namespace, manager, verifier, url: str, spark_conf: dict[str, str], stoppers: list
+) -> None:
+    """The startup phase, run while the API already answers (503 but for health until it
+    returns): the view store, its companions (the analysts' query process, compaction, Spark
+    Connect; their stoppers go to ``stoppers``), then the manager (catalog, recovery of every
+    view). Nothing here blocks the event loop."""
+    started = time.perf_counter()
+    store = await asyncio.to_thread(
+        open_store, args.store, args.data_dir, args.spark_master, url, spark_conf, retention_s(args), args.host
+    )
+    if args.store == "spark":
+        manager.analysts = await asyncio.to_thread(start_spark_services, store, args, spark_conf, stoppers)
+        if args.connect_port >= 0:
+            await asyncio.to_thread(start_connect_gateway, manager, manager.analysts, verifier, args, stoppers)
+    await manager.start(store)
+    log.info("manager started in %.1f s", time.perf_counter() - started)
 
 
 def check_options(args: argparse.Namespace) -> dict[str, str]:
@@ -209,6 +247,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--commit-group-size must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
         raise CliError("--commit-linger must be a number of seconds, 0 or more")
+    if not (math.isfinite(args.stall_after) and args.stall_after > 0):
+        raise CliError("--stall-after must be a positive number of seconds")
     if args.store == "spark":
         if not (math.isfinite(args.compaction_interval) and args.compaction_interval > 0):
             raise CliError("--compaction-interval must be positive")

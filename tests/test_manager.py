@@ -165,10 +165,10 @@ async def test_batching_maintains_fewer_units(two_sources):
     manager, sources = two_sources
     await manager.define_view(VIEW, "v", parallelism=2, batch_size=8)
     await manager.wait_idle("v")
-    manager.view("v").maintainer.pause()
+    manager.pause_view("v")
     await queue_workload(manager, sources, 20)
     started = manager.view("v").maintainer.counters.units_started
-    manager.view("v").maintainer.resume()
+    await manager.resume_view("v")
     assert await converged(manager, sources)
     units = manager.view("v").maintainer.counters.units_started - started
     assert units < 20 and units >= 2  # one source's queued updates share a unit
@@ -192,9 +192,9 @@ async def commit_sequence(tmp_path, mode: str, seed: int) -> tuple[list[int], bo
     try:
         await manager.define_view(VIEW, "v", parallelism=6, commit_mode=mode)
         await manager.wait_idle("v")
-        manager.view("v").maintainer.pause()
+        manager.pause_view("v")
         await queue_workload(manager, sources, 16)
-        manager.view("v").maintainer.resume()
+        await manager.resume_view("v")
         ok = await converged(manager, sources)
         return [o for group in store.commit_log for o in group], ok
     finally:

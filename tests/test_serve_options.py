@@ -114,7 +114,9 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
               "--commit-linger", "0.25", "--commit-group-size", "7"])
     # the memory store: no analysts' query process
-    assert seen == {"commit_group_size": 7, "commit_linger": 0.25, "analysts": None, "catalog_key_file": tmp_path / "catalog.key"}
+    assert seen == {
+        "commit_group_size": 7, "commit_linger": 0.25, "catalog_key_file": tmp_path / "catalog.key", "stall_after_s": 60.0,
+    }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
 

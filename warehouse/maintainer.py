@@ -6,6 +6,13 @@ finished effects to the view store in groups (one store write per group) and adv
 watermark W. In ``out_of_order`` mode (PVM) every finished effect is committed at once; in
 ``arrival`` mode (PVM-CC, Fig. 17) an effect waits until every smaller order is committed,
 so even the raw tables only ever hold a legal state.
+
+Faults are retried, not remembered. A transient one (a source's wrapper unreachable or
+failing past its client's retries, the store's JVM or the catalog not answering) is retried
+with backoff for as long as it lasts, shown in ``retrying``; the unit keeps its PPU slot
+and order number, and its effect is computed again from scratch. A fault that needs a
+person (``is_transient`` says which) fails the view: the unit waits, numbered, and
+``resume`` runs it again.
 """
 
 from __future__ import annotations
@@ -13,20 +20,63 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
-from warehouse.sources import SourceClient
-from warehouse.store import Effect, ViewStore
+from warehouse.sources import SourceClient, SourceError
+from warehouse.sources import is_transient as source_unavailable
+from warehouse.store import Effect, StoreError, ViewStore
 from warehouse.view_change import ViewChange
 from warehouse.zset import ZSet
 
 log = logging.getLogger(__name__)
 
 COMMIT_MODES = ("out_of_order", "arrival")
+T = TypeVar("T")
+
+# Faults that need a person: a source that refuses a subquery (4xx: a schema that no longer
+# matches the view, a token it does not accept), a store that refuses a request, a value the
+# store cannot hold, a malformed answer, a bug. Retrying them would only repeat them.
+NEEDS_A_PERSON: tuple[type[BaseException], ...] = (
+    SourceError, StoreError, TypeError, ValueError, LookupError, AttributeError, AssertionError,
+    ArithmeticError, NotImplementedError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a fault may go away by itself, and is retried: a source unreachable or failing
+    (5xx) past its client's retries, a timeout, a lost connection, the store's JVM or the
+    catalog database failing. Everything in ``NEEDS_A_PERSON`` fails the view instead.
+
+    >>> is_transient(ConnectionRefusedError("the JVM is gone")), is_transient(TimeoutError())
+    (True, True)
+    >>> is_transient(SourceError("source 's' refused POST /v1/subquery: unknown column"))
+    False
+    >>> is_transient(KeyError("a bug"))
+    False
+    """
+    if source_unavailable(exc) or isinstance(exc, OSError):
+        return True
+    return not isinstance(exc, NEEDS_A_PERSON)
+
+
+def always(exc: BaseException) -> bool:
+    """Faults of the catalog, the backbone of recovery: retried whatever they are."""
+    return True
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between attempts after a transient fault: ``first_s``, doubling up to ``max_s``;
+    attempts go on for as long as the fault lasts."""
+
+    first_s: float = 0.5
+    max_s: float = 30.0
 
 
 @dataclass
@@ -36,6 +86,16 @@ class ViewSettings:
     commit_mode: str = "out_of_order"
     commit_group_size: int = 1000
     commit_linger: float = 0.0
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+@dataclass
+class Retry:
+    """A step being retried after a transient fault: what, how often, the last error."""
+
+    attempts: int
+    error: str
+    since: float  # wall-clock time of the first failure
 
 
 @dataclass
@@ -51,6 +111,7 @@ class ViewCounters:
     commit_wait_seconds: list[float] = field(default_factory=list)  # effect ready -> committed
     last_commit_at: float | None = None
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
+    retries: int = 0  # attempts repeated after a transient fault
 
 
 class ViewMaintainer:
@@ -77,22 +138,27 @@ class ViewMaintainer:
         self.paused = False
         self.failed: str | None = None
         self.initial_order: int | None = None
+        self.retrying: dict[str, Retry] = {}  # at most one per PPU slot, plus commit and start
+        self.progress_at = time.monotonic()  # a unit started, maintained or committed; work arrived
+        self._published = 0  # the W readers see in the store
         self._ready: dict[int, ZSet] = {}
         self._ready_at: dict[int, float] = {}
         self._committing = False  # a group is between the store write and the published W
+        self._resuming = asyncio.Lock()  # the shelved queue is read back: nothing starts
         self._wake = asyncio.Event()
         self._commit_wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self._loops: list[asyncio.Task] = []
+        self._loops: dict[str, asyncio.Task] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        self._loops = [
-            asyncio.create_task(self._guarded(self._maintenance_manager), name=f"mm-{self.name}"),
-            asyncio.create_task(self._guarded(self._commit_manager), name=f"cm-{self.name}"),
-        ]
+        """Start the MaintenanceManager and the CommitManager (again, if one stopped)."""
+        for kind, loop in (("mm", self._maintenance_manager), ("cm", self._commit_manager)):
+            if kind not in self._loops or self._loops[kind].done():
+                self._loops[kind] = asyncio.create_task(self._guarded(loop), name=f"{kind}-{self.name}")
         self._wake.set()
+        self._commit_wake.set()
 
     async def _guarded(self, loop: Callable[[], Awaitable[None]]) -> None:
         """A loop that dies takes its view to the failed state instead of hanging it."""
@@ -105,22 +171,43 @@ class ViewMaintainer:
             await self._fail(f"{loop.__name__.strip('_').replace('_', ' ')} stopped: {exc}")
 
     async def stop(self) -> None:
-        for task in [*self._loops, *self._tasks]:
+        tasks = [*self._loops.values(), *self._tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def receive(self, update: ViewUpdate) -> None:
         self.counters.updates_received += 1
+        if not self._busy:
+            self.progress_at = time.monotonic()  # the watchdog counts from when work arrives
         self.protocol.receive(update)
         self._idle.clear()
         self._wake.set()
 
     def pause(self) -> None:
         self.paused = True
+        self._wake.set()  # to shelve the queue once nothing runs
 
-    def resume(self) -> None:
-        self.paused = False
-        self._wake.set()
+    async def resume(self, read_back: Callable[[dict[str, int]], Awaitable[list[ViewUpdate]]]) -> None:
+        """Maintain again: a paused view, or a failed one (its waiting units run again with
+        their order numbers). A shelved queue is read back first with ``read_back`` (per
+        source, the seq after which to read the update log); updates that arrive meanwhile
+        are queued behind it."""
+        async with self._resuming:
+            shelf = self.protocol.unshelve()
+            if shelf is not None:
+                try:
+                    logged = await read_back(shelf.after)
+                except BaseException:
+                    self.protocol.shelve(shelf)  # as it was, with what arrived meanwhile
+                    raise
+                self.protocol.requeue(logged)
+            self.paused = False
+            if self.failed is not None:
+                self.failed = None
+                await self.on_state(self.name, "initializing" if self.initial_order is not None else "active", None)
+            self.progress_at = time.monotonic()
+        self.start()
 
     async def begin_initial_load(self) -> None:
         unit = self.protocol.start_initial()
@@ -133,31 +220,46 @@ class ViewMaintainer:
         process may have died between recording a group and publishing it. ``loaded``: the
         committed initial load of a view still marked initializing; once visible, the view
         is active."""
-        if self.store.published(self.name) < self.protocol.watermark:
-            await asyncio.to_thread(self.store.publish, self.name, self.protocol.watermark)
+        self._published = self.store.published(self.name)
+        await self._publish()
         if loaded is not None and loaded <= self.protocol.watermark:
             await self.on_state(self.name, "active", None)
 
-    def resume_unit(self, unit: Unit) -> None:
-        """Re-run a unit that was started but not committed before a restart."""
-        self.protocol.resume(unit)
-        if unit.initial:
-            self.initial_order = unit.order
-        self._spawn(unit)
+    def recover(self, units: Iterable[Unit]) -> None:
+        """Units started but not committed before a restart: they wait for PPU slots, oldest
+        first, with their order numbers (``start`` runs them)."""
+        units = list(units)
+        self.protocol.recover(units)
+        self.initial_order = next((u.order for u in units if u.initial), self.initial_order)
 
     # -- MaintenanceManager -------------------------------------------------------------------
     async def _maintenance_manager(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while not self.paused and self.failed is None and self.protocol.can_start():
-                unit = self.protocol.start()
+            while self._may_start() and self.protocol.can_start():
+                unit = self.protocol.restart()  # numbered units that wait go first
+                if unit is None:
+                    unit = self.protocol.start()
+                    log_ids = [u.log_id for u in unit.updates]
+                    await self._retrying("start", lambda: self.db("start_unit", self.name, unit.order, log_ids), always)
                 self.counters.units_started += 1
-                await self.db("start_unit", self.name, unit.order, [u.log_id for u in unit.updates])
                 self._spawn(unit)
+            self._shelve_if_held()
             self._check_idle()
 
+    def _may_start(self) -> bool:
+        return not self.paused and self.failed is None and not self._resuming.locked()
+
+    def _shelve_if_held(self) -> None:
+        """A paused or failed view with nothing running keeps its queue in the update log
+        only: nothing compensates with it until ``resume`` reads it back."""
+        held = self.paused or self.failed is not None
+        if held and not self._resuming.locked() and not self.protocol.ppu and self.protocol.shelf is None:
+            self.protocol.shelve()
+
     def _spawn(self, unit: Unit) -> None:
+        self.progress_at = time.monotonic()
         self.counters.peak_running = max(self.counters.peak_running, len(self.protocol.ppu))
         task = asyncio.create_task(self._maintain(unit), name=f"vc-{self.name}-{unit.order}")
         self._tasks.add(task)
@@ -165,18 +267,26 @@ class ViewMaintainer:
 
     async def _maintain(self, unit: Unit) -> None:
         try:
-            effect, stats = await self.view_change.run(unit)
+            effect, stats = await self._retrying(
+                f"order {unit.order}",
+                lambda: self.view_change.run(unit),
+                lambda exc: self.failed is None and is_transient(exc),  # a failed view stops retrying
+            )
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a refused subquery or a bug: stop this view, keep the rest
-            log.exception("maintenance of view %s failed at order %d", self.name, unit.order)
-            await self._fail(f"maintenance of order {unit.order} failed: {exc}")
+        except Exception as exc:
+            self.protocol.set_aside(unit)  # numbered, waiting for resume
+            self._wake.set()
+            if self.failed is None:  # needs a person: stop this view, keep the rest
+                log.exception("maintenance of view %s failed at order %d", self.name, unit.order)
+                await self._fail(f"maintenance of order {unit.order} failed: {_describe(exc)}")
             return
         self.counters.subqueries += stats.subqueries
         self.counters.compensations += stats.compensations
         for source, seconds in stats.subquery_seconds.items():
             self.counters.subquery_seconds.setdefault(source, []).extend(seconds)
         self.protocol.finish(unit)
+        self.progress_at = time.monotonic()
         self.counters.units_maintained += 1
         self._ready[unit.order] = effect
         self._ready_at[unit.order] = time.perf_counter()
@@ -188,7 +298,36 @@ class ViewMaintainer:
     async def _fail(self, message: str) -> None:
         self.failed = message
         await self.on_state(self.name, "failed", message)
+        self._wake.set()  # to shelve the queue once nothing runs
         self._idle.set()
+
+    # -- retries ---------------------------------------------------------------------------------
+    async def _retrying(
+        self, step: str, call: Callable[[], Awaitable[T]], transient: Callable[[BaseException], bool] = is_transient
+    ) -> T:
+        """``call()``, repeated with backoff while it fails with a transient fault; shown in
+        ``retrying`` under ``step`` meanwhile. A fault that needs a person is raised."""
+        backoff = self.settings.backoff
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(lambda exc: isinstance(exc, Exception) and transient(exc)),  # never a cancel
+                wait=wait_exponential(multiplier=backoff.first_s, max=backoff.max_s),
+                before_sleep=lambda state: self._note_retry(step, state),
+                reraise=True,
+            ):
+                with attempt:
+                    return await call()
+        finally:
+            self.retrying.pop(step, None)
+        raise AssertionError("unreachable")
+
+    def _note_retry(self, step: str, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        error = _describe(exc) if exc is not None else "unknown"
+        since = self.retrying[step].since if step in self.retrying else time.time()
+        self.retrying[step] = Retry(state.attempt_number, error, since)
+        self.counters.retries += 1
+        log.warning("view %s: %s failed (attempt %d), retrying: %s", self.name, step, state.attempt_number, error)
 
     # -- CommitManager -------------------------------------------------------------------------
     def _committable(self) -> list[int]:
@@ -206,36 +345,58 @@ class ViewMaintainer:
             self._commit_wake.clear()
             if self.settings.commit_linger:
                 await asyncio.sleep(self.settings.commit_linger)
-            while group := self._committable()[: self.settings.commit_group_size]:
-                await self._commit(group)
+            try:
+                if self.failed is None and self._published < self.protocol.watermark:
+                    await self._commit([])  # a publish that failed before resume
+                while self.failed is None and (group := self._committable()[: self.settings.commit_group_size]):
+                    await self._commit(group)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # needs a person: the effects wait in memory for resume
+                log.exception("view %s: commit failed", self.name)
+                await self._fail(f"commit failed: {_describe(exc)}")
             self._check_idle()
 
     async def _commit(self, group: list[int]) -> None:
+        """Commit a group of ready effects (none: only publish W), then publish W."""
         self._committing = True
         try:
-            await self._commit_group(group)
+            if group:
+                effects = await self._retrying("commit", lambda: self._store_group(group))
+                self._committed(group, effects)
+            await self._retrying("publish", self._publish)
         finally:
             self._committing = False
+        if self.initial_order is not None and self.protocol.watermark >= self.initial_order:
+            self.initial_order = None
+            await self.on_state(self.name, "active", None)
 
-    async def _commit_group(self, group: list[int]) -> None:
+    async def _store_group(self, group: list[int]) -> int:
+        """Append the group's effects and record them with the new W; every step may be
+        repeated: the store skips orders it holds, W only grows, the record is the same."""
         effects = [Effect(o, self._ready[o]) for o in group if self._ready[o]]
         if effects:
             await asyncio.to_thread(self.store.commit, self.name, effects)
+        watermark = self.protocol.mark_committed(group)
+        await self.db("commit_units", self.name, group, watermark)
+        return len(effects)
+
+    def _committed(self, group: list[int], effects: int) -> None:
         now = time.perf_counter()
         for o in group:
             del self._ready[o]
             self.counters.commit_wait_seconds.append(now - self._ready_at.pop(o))
-        before = self.protocol.watermark
-        watermark = self.protocol.mark_committed(group)
-        await self.db("commit_units", self.name, group, watermark)
-        if watermark != before:
-            await asyncio.to_thread(self.store.publish, self.name, watermark)
+        self.progress_at = time.monotonic()
         self.counters.units_committed += len(group)
-        self.counters.commit_groups.append(len(effects))
+        self.counters.commit_groups.append(effects)
         self.counters.last_commit_at = time.time()
-        if self.initial_order is not None and watermark >= self.initial_order:
-            self.initial_order = None
-            await self.on_state(self.name, "active", None)
+
+    async def _publish(self) -> None:
+        """Point readers at W if the store shows an older one (also after a failed publish)."""
+        watermark = self.protocol.watermark
+        if self._published < watermark:
+            await asyncio.to_thread(self.store.publish, self.name, watermark)
+            self._published = watermark
 
     # -- quiescence ------------------------------------------------------------------------------
     def _check_idle(self) -> None:
@@ -243,10 +404,22 @@ class ViewMaintainer:
             self._idle.set()
 
     @property
+    def _busy(self) -> bool:
+        """Something queued, running, waiting for commit or being published."""
+        return bool(not self.protocol.quiet or self._ready or self._tasks or self._committing)
+
+    @property
     def idle(self) -> bool:
-        """Nothing queued, running, waiting for commit or being published."""
-        busy = not self.protocol.quiet or self._ready or self._tasks or self._committing
-        return self.failed is not None or not busy
+        """Nothing to do, or nothing it can do: failed."""
+        return self.failed is not None or not self._busy
+
+    def seconds_without_progress(self, now: float | None = None) -> float:
+        """How long maintenance has had work and made no progress: no unit started,
+        maintained or committed since. 0 when it has none, or is paused or failed (which
+        say so themselves). The watchdog of readiness compares it with its limit."""
+        if self.paused or self.failed is not None or not self._busy:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - self.progress_at)
 
     async def wait_idle(self) -> None:
         while not self.idle:
@@ -256,3 +429,9 @@ class ViewMaintainer:
                 await asyncio.wait_for(self._idle.wait(), timeout=0.05)
             except asyncio.TimeoutError:
                 pass
+
+
+def _describe(exc: BaseException) -> str:
+    """An error for a person, in one line: its kind and message."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__

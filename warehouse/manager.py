@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +23,10 @@ from warehouse import expr
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
-from warehouse.maintainer import COMMIT_MODES, ViewMaintainer, ViewSettings
+from warehouse.health import StoreProbe
+from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings
 from warehouse.plan import ViewPlan
-from warehouse.protocol import Switches, Unit, ViewProtocol
+from warehouse.protocol import Switches, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
@@ -56,6 +57,10 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
     return round(max(0.0, (time.time() if now is None else now) - oldest), 3)
 
 
+STALL_AFTER_S = 60.0
+LOG_IDS_PER_READ = 900  # an IN list within every SQLite's limit on bound parameters
+
+
 @dataclass
 class ViewHandle:
     info: ViewInfo
@@ -63,6 +68,7 @@ class ViewHandle:
     extractor: DeltaExtractor
     maintainer: ViewMaintainer
     bases: dict[str, int] | None  # None while the view is being defined: route everything
+    verifying_since: float | None = None  # a verification runs (time.monotonic() it began)
 
 
 def view_progress(handle: ViewHandle) -> dict[str, Any]:
@@ -71,12 +77,27 @@ def view_progress(handle: ViewHandle) -> dict[str, Any]:
     (``lag_seconds``). The view's status and its gauges take all three from one call, so a
     request computes each once."""
     protocol = handle.maintainer.protocol
-    running = sum(len(u.updates) for u in protocol.ppu.values())
+    running = sum(len(u.updates) for u in (*protocol.ppu.values(), *protocol.waiting.values()))
     numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
     return {
-        "updates_pending": len(protocol.umq) + running,
-        "lag_updates": len(protocol.umq) + numbered_above_w,
+        "updates_pending": protocol.queued + running,
+        "lag_updates": protocol.queued + numbered_above_w,
         "lag_seconds": lag_seconds(protocol),
+    }
+
+
+def retry_status(maintainer: ViewMaintainer) -> dict[str, Any] | None:
+    """What the view is retrying after transient faults: how many steps (units, the commit),
+    the most attempts of one, the latest error and since when; None when nothing is."""
+    retries = list(maintainer.retrying.values())
+    if not retries:
+        return None
+    latest = max(retries, key=lambda r: (r.attempts, r.since))
+    return {
+        "steps": len(retries),
+        "attempts": max(r.attempts for r in retries),
+        "error": latest.error,
+        "since": min(r.since for r in retries),
     }
 
 
@@ -84,25 +105,36 @@ class Manager:
     def __init__(
         self,
         catalog_url: str,
-        store: ViewStore,
+        store: ViewStore | None,
         connect: Connect | None = None,
         switches: Switches | None = None,
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
         analysts: AnalystProcess | None = None,
         catalog_key_file: Path | None = None,
+        backoff: Backoff | None = None,
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
-        """``catalog_key_file``: the key of the manager tokens sealed in the catalog
-        (``warehouse.catalog.secrets``; default: next to an SQLite catalog file)."""
+        """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
+        API already answers). ``analysts``: the analysts' query process (Spark store only;
+        may also be set before ``start``). ``catalog_key_file``: the key of the manager
+        tokens sealed in the catalog (``warehouse.catalog.secrets``; default: next to an
+        SQLite catalog file). ``backoff``: waits between retries of a transient fault;
+        ``stall_after_s``: how long a view may have work without progress before the
+        watchdog calls it stalled."""
         self.catalog_url = catalog_url
         self.catalog_key_file = catalog_key_file
-        self.store = store
+        self.store = store  # None until start() is given one
         self.analysts = analysts  # runs analysts' SQL and row reads (Spark store only)
+        self.started = False
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.switches = switches or Switches()
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
+        self.backoff = backoff or Backoff()
+        self.stall_after_s = stall_after_s
+        self.store_probe: StoreProbe | None = None
         self.catalog: Catalog | None = None
         self.clients: dict[str, SourceClient] = {}
         self.relations: dict[str, dict[str, RelationInfo]] = {}
@@ -119,7 +151,14 @@ class Manager:
         fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    async def start(self) -> None:
+    async def start(self, store: ViewStore | None = None) -> None:
+        """Open the catalog and recover every view; ``store``: the view store, if the
+        constructor was not given one."""
+        if store is not None:
+            self.store = store
+        if self.store is None:
+            raise ValueError("the manager needs a view store")
+        self.store_probe = StoreProbe(self.store.health)
         loop = asyncio.get_running_loop()
         self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url, self.catalog_key_file)
         for name, info in (await self.db("sources")).items():
@@ -132,6 +171,7 @@ class Manager:
         # Resend the views' interest in the background: a wrapper may be busy resending
         # updates to this very manager, which only answers once start() has returned.
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
+        self.started = True
 
     async def _resync_interest(self) -> None:
         for source in list(self.clients):
@@ -296,7 +336,9 @@ class Manager:
         return types
 
     def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
-        settings = ViewSettings(info.parallelism, info.batch_size, info.commit_mode, self.commit_group_size, self.commit_linger)
+        settings = ViewSettings(
+            info.parallelism, info.batch_size, info.commit_mode, self.commit_group_size, self.commit_linger, self.backoff
+        )
         maintainer = ViewMaintainer(info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state)
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
@@ -308,7 +350,8 @@ class Manager:
         await self.db("update_view", view, state=state, error=error)
 
     async def _recover_view(self, info: ViewInfo) -> None:
-        """Rebuild a view's protocol state from the catalog after a restart."""
+        """Rebuild a view's protocol state from the catalog after a restart. A view recorded
+        failed is tried again: the cause may be gone (a source back, the store restarted)."""
         plan = parse_view(info.sql, self._schema, info.name)
         protocol = ViewProtocol(info.parallelism, info.batch_size, switches=self.switches)
         handle = self._new_handle(info, plan, protocol)
@@ -316,29 +359,62 @@ class Manager:
         units = await self.db("units", info.name)
         committed = {u.order for u in units if u.committed}
         protocol.mark_committed(committed)
-        entries = {e.id: e for s in plan.sources for e in await self.db("log_entries", s, info.bases.get(s, 0))}
-        in_units = {i for u in units for i in u.log_ids}
         pending = [u for u in units if not u.committed]
         oldest = min((u.order for u in pending), default=None)
+        # what the protocol holds: uncommitted units, and committed ones they may compensate with
+        kept = [u for u in units if not u.committed or (oldest is not None and u.order > oldest)]
+        ids = sorted({i for u in kept for i in u.log_ids})
+        entries = {
+            e.id: e
+            for start in range(0, len(ids), LOG_IDS_PER_READ)
+            for e in await self.db("log_entries", None, 0, ids[start : start + LOG_IDS_PER_READ])
+        }
+        protocol.next_order = max((u.order + 1 for u in units), default=protocol.next_order)
         rebuilt: list[Unit] = []
-        for u in units:
+        for u in kept:
             updates = tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None)
             unit = Unit(u.order, updates, initial=not u.log_ids)
             if u.committed:
-                if oldest is not None and u.order > oldest:
-                    protocol.retain(unit)
-                protocol.next_order = max(protocol.next_order, u.order + 1)
+                protocol.retain(unit)
             else:
                 rebuilt.append(unit)
-        for entry in sorted(entries.values(), key=lambda e: e.id):
-            if entry.id not in in_units and (v := handle.extractor(entry)) is not None:
-                protocol.receive(v)
+        in_units = {i for u in units for i in u.log_ids}
+        for update in await self._logged_updates(handle, info.bases, skip=in_units):
+            protocol.receive(update)
         self.views[info.name] = handle
+        if info.state == "failed":
+            log.warning("view %s had failed before the restart (%s): trying it again", info.name, info.error)
+            await self._set_state(info.name, "initializing", None)
         loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
+        handle.maintainer.recover(rebuilt)  # they wait for PPU slots, oldest first
         handle.maintainer.start()
-        for unit in rebuilt:
-            handle.maintainer.resume_unit(unit)
+
+    async def _logged_updates(
+        self, handle: ViewHandle, after: Mapping[str, int], skip: Collection[int] = ()
+    ) -> list[ViewUpdate]:
+        """The view's updates in the update log after seq ``after[source]``, released by the
+        receiver (not held behind a gap) and in no unit (``skip``: log ids in units), in
+        arrival order: the UMQ rebuilt after a restart, or read back when a paused or
+        failed view resumes."""
+        entries = [e for source, seq in after.items() for e in await self.db("log_entries", source, seq)]
+        released = {source: self.receiver.released_through(source) for source in after}
+        updates = []
+        for entry in sorted(entries, key=lambda e: e.id):
+            if entry.seq <= released[entry.source] and entry.id not in skip and (v := handle.extractor(entry)) is not None:
+                updates.append(v)
+        return updates
+
+    def pause_view(self, name: str) -> None:
+        """No new unit starts; updates keep being received, and once nothing of the view
+        runs, they stay in the update log only."""
+        self.view(name).maintainer.pause()
+
+    async def resume_view(self, name: str) -> None:
+        """Maintain the view again: a paused one, or a failed one (its unfinished units run
+        again with their order numbers). Its queued updates are read back from the log."""
+        handle = self.view(name)
+        await handle.maintainer.resume(lambda after: self._logged_updates(handle, after))
 
     def view(self, name: str) -> ViewHandle:
         handle = self.views.get(name)
@@ -441,8 +517,12 @@ class Manager:
             "watermark": m.protocol.watermark,
             "paused": m.paused,
             "idle": m.idle,
-            "updates_queued": len(m.protocol.umq),
+            "retrying": retry_status(m),
+            "stalled": self.stalled(handle),
+            "no_progress_seconds": round(m.seconds_without_progress(), 3),
+            "updates_queued": m.protocol.queued,
             "units_running": len(m.protocol.ppu),
+            "units_waiting": len(m.protocol.waiting),
             "units_retained": len(m.protocol.rpu),
             **view_progress(handle),
             "counters": {
@@ -454,8 +534,34 @@ class Manager:
                 "compensations": c.compensations,
                 "commit_groups": len(c.commit_groups),
                 "peak_running": c.peak_running,
+                "retries": c.retries,
             },
         }
+
+    # -- trouble -----------------------------------------------------------------------------------
+    def stalled(self, handle: ViewHandle) -> bool:
+        """The watchdog: the view has had work and made no progress for ``stall_after_s``."""
+        return handle.maintainer.seconds_without_progress() >= self.stall_after_s
+
+    def stalled_views(self) -> list[str]:
+        """Why readiness fails for views: one sentence per stalled view."""
+        return [
+            f"view {name!r}: maintenance stalled, no progress for {handle.maintainer.seconds_without_progress():.0f} s"
+            + (f" (retrying: {retry['error']})" if (retry := retry_status(handle.maintainer)) else "")
+            for name, handle in sorted(self.views.items())
+            if self.stalled(handle)
+        ]
+
+    def view_problems(self) -> list[str]:
+        """Every view in trouble, one sentence each: failed, retrying or stalled."""
+        problems = []
+        for name, handle in sorted(self.views.items()):
+            m = handle.maintainer
+            if m.failed is not None:
+                problems.append(f"view {name!r} failed: {m.failed} (resume it once the cause is fixed)")
+            elif (retry := retry_status(m)) is not None:
+                problems.append(f"view {name!r} retrying (attempt {retry['attempts']}): {retry['error']}")
+        return problems + self.stalled_views()
 
     async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)

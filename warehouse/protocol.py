@@ -13,6 +13,14 @@ compensate when an answer arrives, and the answer is decided by the state at tha
 * **RPU** (related processed updates): maintained units kept while a unit with a smaller
   order number is still in the PPU, because that unit may still receive answers reflecting
   them (the paper's Definition 1 and 2, Lemma 3).
+* **Waiting** units: numbered but not running, because they were started before a restart
+  (``recover``) or stopped by a fault (``set_aside``). They keep their order numbers, count
+  as numbered for compensation and as running for retention, and re-enter the PPU before
+  any queued update, oldest first, as slots free (``restart``): the PPU never holds more
+  than ``parallelism`` units, a restart included.
+* **Shelf**: the UMQ of a view that is paused or failed while nothing of it runs stays in
+  the durable update log only (``shelve``); it is read back before anything starts again
+  (``unshelve``, ``requeue``).
 * **Compensation** (isConcurrent): an answer from source ``s`` with watermark ``w`` to a
   subquery on relation position ``j``, issued by term ``k`` of unit ``u``, reflects every
   update of ``s`` with ``seq <= w``. Subtract ``partial ⋈ ΔR_j`` for each such update whose
@@ -40,6 +48,7 @@ compensate when an answer arrives, and the answer is decided by the state at tha
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -88,6 +97,22 @@ class Unit:
 
 
 @dataclass
+class Shelf:
+    """What stays in memory of a shelved UMQ: per source, the seq after which its queued
+    updates start in the update log, and how many there are and since when (for the lag)."""
+
+    after: dict[str, int] = field(default_factory=dict)
+    count: int = 0
+    oldest: float | None = None  # when the oldest of them arrived
+
+    def add(self, update: ViewUpdate) -> None:
+        self.after.setdefault(update.source, update.seq - 1)
+        self.count += 1
+        if update.received_at is not None:
+            self.oldest = update.received_at if self.oldest is None else min(self.oldest, update.received_at)
+
+
+@dataclass
 class Switches:
     """Test-only switches that break the algorithm on purpose; the oracle must notice."""
 
@@ -104,6 +129,8 @@ class ViewProtocol:
     umq: deque[ViewUpdate] = field(default_factory=deque)
     ppu: dict[int, Unit] = field(default_factory=dict)
     rpu: dict[int, Unit] = field(default_factory=dict)
+    waiting: dict[int, Unit] = field(default_factory=dict)
+    shelf: Shelf | None = None
     committed: set[int] = field(default_factory=set)
     watermark: int = 0
     # numbered units not visible at W yet: order -> when the oldest of their updates arrived
@@ -111,11 +138,14 @@ class ViewProtocol:
 
     # -- AssignTimeStamp: an update arrives ----------------------------------------------
     def receive(self, update: ViewUpdate) -> None:
-        self.umq.append(update)
+        if self.shelf is not None:
+            self.shelf.add(update)
+        else:
+            self.umq.append(update)
 
     # -- MaintenanceManager: UMQ -> PPU ----------------------------------------------------
     def can_start(self) -> bool:
-        return bool(self.umq) and len(self.ppu) < self.parallelism
+        return bool(self.waiting or self.umq) and len(self.ppu) < self.parallelism
 
     def start(self) -> Unit:
         """Move the front of the UMQ (and up to batch_size-1 more queued updates of the same
@@ -134,11 +164,14 @@ class ViewProtocol:
     def start_initial(self) -> Unit:
         return self._number(Unit(self.next_order, (), initial=True))
 
-    def resume(self, unit: Unit) -> None:
-        """Put a unit that was started before a restart back in the PPU, same order number."""
+    def restart(self) -> Unit | None:
+        """Move the oldest waiting unit into the PPU, same order number (None: none waits).
+        Waiting units are numbered, so they go before anything queued."""
+        if not self.waiting:
+            return None
+        unit = self.waiting.pop(min(self.waiting))
         self.ppu[unit.order] = unit
-        self.next_order = max(self.next_order, unit.order + 1)
-        self._arrived(unit)
+        return unit
 
     def _number(self, unit: Unit) -> Unit:
         self.next_order += 1
@@ -168,6 +201,7 @@ class ViewProtocol:
 
     def _numbered(self) -> Iterator[Unit]:
         yield from self.ppu.values()
+        yield from self.waiting.values()
         yield from self.rpu.values()
 
     # -- ViewChange done: PPU -> RPU, clean up the RPU -------------------------------------
@@ -185,15 +219,80 @@ class ViewProtocol:
 
     def _clean_rpu(self) -> None:
         """Definition 2: a processed unit is unrelated once no unit with a smaller order
-        number is still running; nothing can need it for compensation any more."""
-        oldest_running = min(self.ppu, default=None)
+        number is still running or waiting to run again; nothing can need it for
+        compensation any more."""
+        oldest_running = min((*self.ppu, *self.waiting), default=None)
         for order in [o for o in self.rpu if oldest_running is None or o < oldest_running]:
             del self.rpu[order]
 
+    # -- faults and restarts: numbered units that wait for a PPU slot ----------------------
+    def recover(self, units: Iterable[Unit]) -> None:
+        """Units started but not committed before a restart wait, with their order numbers,
+        until ``restart`` moves them into the PPU, oldest first, as slots free.
+
+        >>> from warehouse.zset import ZSet
+        >>> p = ViewProtocol(parallelism=1)
+        >>> def update(log_id, seq): return ViewUpdate(log_id, "s", seq, {0: ZSet({(seq,): 1})})
+        >>> p.recover([Unit(3, (update(7, 3),)), Unit(2, (update(6, 2),))])
+        >>> p.receive(update(8, 4))
+        >>> p.restart().order, p.can_start()  # the oldest first; p = 1 is full
+        (2, False)
+        >>> len(p.concurrent_deltas(p.ppu[2], 0, position=0, source="s", watermark=4))  # 3 waits, 4 is queued
+        2
+        >>> p.next_order  # new units are numbered after the recovered ones
+        4
+        """
+        for unit in units:
+            self.waiting[unit.order] = unit
+            self.next_order = max(self.next_order, unit.order + 1)
+            self._arrived(unit)
+
+    def set_aside(self, unit: Unit) -> None:
+        """Take a unit whose maintenance failed out of the PPU; it waits, numbered, until
+        ``restart`` runs it again from scratch. Every unit ordered after it that finishes
+        meanwhile stays in the RPU, so the new run finds what it must compensate."""
+        del self.ppu[unit.order]
+        self.waiting[unit.order] = unit
+
+    # -- a held view: the UMQ in the update log only ---------------------------------------
+    def shelve(self, earlier: Shelf | None = None) -> None:
+        """Keep the queued updates in the durable update log only, and those that arrive
+        from now on; ``earlier``: a shelf taken back by ``unshelve`` whose read failed. Only
+        while nothing runs: a running unit compensates with queued updates.
+
+        >>> from warehouse.zset import ZSet
+        >>> p = ViewProtocol(parallelism=2)
+        >>> p.receive(ViewUpdate(10, "s", 5, {0: ZSet({(1,): 1})}))
+        >>> p.shelve(); p.receive(ViewUpdate(11, "s", 6, {0: ZSet({(2,): 1})}))
+        >>> len(p.umq), p.queued, p.unshelve().after  # read s's log after seq 4 back
+        (0, 2, {'s': 4})
+        """
+        assert not self.ppu, "a running unit compensates with the queued updates"
+        self.shelf = earlier or Shelf()
+        for update in self.umq:
+            self.shelf.add(update)
+        self.umq.clear()
+
+    def unshelve(self) -> Shelf | None:
+        """Queue arriving updates in memory again. Returns the shelf (None: nothing was
+        shelved): read the updates after ``shelf.after`` back from the log and give them to
+        ``requeue`` before anything starts, or the shelf to ``shelve`` if the read fails."""
+        shelf, self.shelf = self.shelf, None
+        return shelf
+
+    def requeue(self, logged: Iterable[ViewUpdate]) -> None:
+        """Put updates read back from the log (in arrival order) ahead of those queued since
+        ``unshelve``, leaving out the ones among them that are queued already."""
+        first_queued: dict[str, int] = {}
+        for update in self.umq:
+            first_queued.setdefault(update.source, update.seq)
+        older = [u for u in logged if u.seq < first_queued.get(u.source, math.inf)]
+        self.umq.extendleft(reversed(older))
+
     # -- CommitManager: W -------------------------------------------------------------------
     def mark_committed(self, orders: Iterable[int]) -> int:
-        """Record committed orders; return the new visibility watermark W."""
-        self.committed.update(orders)
+        """Record committed orders (again: harmless); return the new visibility watermark W."""
+        self.committed.update(o for o in orders if o > self.watermark)
         while self.watermark + 1 in self.committed:
             self.watermark += 1
             self.committed.discard(self.watermark)
@@ -204,10 +303,17 @@ class ViewProtocol:
     def oldest_invisible(self) -> float | None:
         """When the oldest update not visible at W arrived: queued, running, or maintained
         (even committed out of order) above W. None when every received update is visible."""
-        queued = (u.received_at for u in self.umq if u.received_at is not None)
+        queued = [u.received_at for u in self.umq if u.received_at is not None]
+        if self.shelf is not None and self.shelf.oldest is not None:
+            queued.append(self.shelf.oldest)
         return min((*self.arrived.values(), *queued), default=None)
 
     @property
+    def queued(self) -> int:
+        """Updates received and in no unit yet: in the UMQ, or shelved."""
+        return len(self.umq) + (self.shelf.count if self.shelf is not None else 0)
+
+    @property
     def quiet(self) -> bool:
-        """Nothing queued or running (the paper's quiet warehouse state)."""
-        return not self.umq and not self.ppu
+        """Nothing queued, running or waiting to run (the paper's quiet warehouse state)."""
+        return not self.queued and not self.ppu and not self.waiting

@@ -57,7 +57,9 @@ class _ServerFailed(SourceError):
     retry budget is spent)."""
 
 
-def _retryable(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
+    """A failure that may go away by itself (the wrapper unreachable, slow, or answering 5xx):
+    retried here, and past the budget by the view's maintainer too."""
     return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, _ServerFailed))
 
 
@@ -84,7 +86,7 @@ class HttpSourceClient:
 
     async def _call(self, method: str, path: str, body: str | None = None, retry_seconds: float | None = None) -> bytes:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=5.0),
             stop=stop_after_delay(self._retry_seconds if retry_seconds is None else retry_seconds),
             reraise=True,

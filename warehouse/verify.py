@@ -14,6 +14,10 @@ compared, row by row with multiplicities, with the store's signed weights as of 
 
 With a store that has no Spark session (the in-memory store) the recomputation runs in plain
 Python (``warehouse.recompute``) instead.
+
+One verification runs at a time per view: it reads every relation of the view through its
+wrapper and recomputes the view, so a second one asked meanwhile is refused (409) rather than
+queued: it would only repeat the same work for an answer the first is about to give.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +43,7 @@ from warehouse.zset import Row, ZSet, row_order
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from warehouse.manager import Manager
+    from warehouse.manager import Manager, ViewHandle
 
 ATTEMPTS = 3  # a compaction may fold W away between reading W and reading the store
 
@@ -221,8 +226,30 @@ def spark_recompute(spark: SparkSession, plan: ViewPlan, contents: Mapping[tuple
 # -- the whole check -----------------------------------------------------------------------------
 
 
+@contextmanager
+def only_one(handle: ViewHandle, name: str) -> Iterator[None]:
+    """Marks a verification of the view as running; VerifyError (409) if one already is."""
+    if handle.verifying_since is not None:
+        running = time.monotonic() - handle.verifying_since
+        raise VerifyError(
+            f"a verification of view {name!r} is already running (started {running:.1f} s ago); "
+            "wait for its answer, then ask again if needed"
+        )
+    handle.verifying_since = time.monotonic()
+    try:
+        yield
+    finally:
+        handle.verifying_since = None
+
+
 async def verify_view(manager: Manager, name: str, max_differences: int = 20) -> Report:
-    """Recompute view ``name`` from its sources and compare it with the store as of W."""
+    """Recompute view ``name`` from its sources and compare it with the store as of W, one
+    verification of the view at a time."""
+    with only_one(manager.view(name), name):
+        return await _verify(manager, name, max_differences)
+
+
+async def _verify(manager: Manager, name: str, max_differences: int) -> Report:
     from warehouse.manager import ManagerError
 
     started = time.perf_counter()

@@ -122,11 +122,11 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                         await manager.define_view(chain_view(name, m, p), parallelism=p, commit_mode=mode)
                         await manager.wait_idle(name, timeout=600)
                         maintainer = manager.view(name).maintainer
-                        maintainer.pause()
+                        manager.pause_view(name)
                         await queue_updates(deployment, paths, n, rng, domain)
                         maintainer.counters.commit_wait_seconds.clear()
                         started = time.perf_counter()
-                        maintainer.resume()
+                        await manager.resume_view(name)
                         await manager.wait_idle(name, timeout=3600)
                         seconds[mode, p] = time.perf_counter() - started
                         if maintainer.failed:

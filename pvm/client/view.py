@@ -137,12 +137,23 @@ def wait_initialized(api: Api, name: str, timeout: float, interval: float = 0.5)
             time.sleep(interval)
 
 
+def _trouble(view: dict) -> list[tuple[str, str]]:
+    """Lines for a view retrying a transient fault or stalled (absent from older managers)."""
+    lines = []
+    if retry := view.get("retrying"):
+        lines.append(("retrying", f"{retry['steps']} step(s), attempt {retry['attempts']}: {retry['error']}"))
+    if view.get("stalled"):
+        lines.append(("stalled", f"no progress for {view['no_progress_seconds']:.0f} s"))
+    return lines
+
+
 def _show(view: dict) -> None:
     c = view["counters"]
     print_fields(
         f"view {view['name']}",
         [
             ("state", view["state"] + (f": {view['error']}" if view.get("error") else "") + (" (paused)" if view["paused"] else "")),
+            *_trouble(view),
             ("watermark W", view["watermark"]),
             ("rows", f"{view['row_count']} (as of {view['row_count_as_of']})"),
             ("updates pending", f"{view['updates_pending']} ({view['updates_queued']} queued, {view['units_running']} of {view['parallelism']} PPU slots busy)"),

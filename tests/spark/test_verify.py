@@ -64,7 +64,7 @@ async def test_pvm_verify_passes_then_catches_corruption(spark: SparkSession, sp
 
         # updates the view does not reflect yet: received but not maintained, and committed
         # at the sources but not even shipped (the snapshot handshake ships them)
-        manager.view(view).maintainer.pause()
+        manager.pause_view(view)
         for _ in range(4):
             change(sources["s1"], rng)
             change(sources["s2"], rng)

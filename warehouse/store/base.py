@@ -50,4 +50,9 @@ class ViewStore(Protocol):
     def committed_orders(self, view: str) -> set[int]:
         """Orders present in the store (for recovery after a crash)."""
 
+    def health(self) -> str | None:
+        """None when the store answers; else what is wrong, for a person. Cheap (no job),
+        but it may block on a store that hangs: call it off the event loop, with a timeout
+        (``warehouse.health.StoreProbe``)."""
+
     def close(self) -> None: ...

@@ -65,5 +65,9 @@ class MemoryStore:
         with self._lock:
             return set(self._view(view))
 
+    def health(self) -> str | None:
+        """Always alive: it lives in this process."""
+        return None
+
     def close(self) -> None:
         pass

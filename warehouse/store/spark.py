@@ -788,6 +788,15 @@ class SparkStore:
             folded = {o for lo, hi in state.meta.compacted_orders for o in range(lo, hi + 1)}
             return state.zlog_orders | folded
 
+    def health(self) -> str | None:
+        """Whether the JVM answers a trivial call and its Spark context runs: an executor
+        that ran out of memory can take the whole JVM down, and every commit fails after."""
+        try:
+            stopped = self._spark.sparkContext._jsc.sc().isStopped()
+        except Exception as exc:  # py4j: the JVM is gone or its gateway refuses
+            return f"the Spark JVM does not answer: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return "the Spark context is stopped" if stopped else None
+
     def close(self) -> None:
         """Nothing to release: the session is the process's, and the tables stay registered
         for analysts until the process ends."""
