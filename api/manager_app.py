@@ -306,6 +306,7 @@ ERROR_EXAMPLES = {
     409: ("conflicts with what exists", "view 'big_orders' already exists"),
     413: ("request body too large", "request body larger than 1048576 bytes"),
     422: ("invalid request", "unsupported SQL: aggregates are not supported (COUNT)"),
+    429: ("too many failed authentication attempts from this address", "too many failed authentication attempts from this address; try again in 1 s"),
     502: ("the source's wrapper refused or is unreachable", "could not read the schema of source 'shop' at http://127.0.0.1:8101: …"),
     503: ("not ready", "the catalog does not answer: …"),
 }
@@ -323,7 +324,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-AUTH = (401, 403)
+AUTH = (401, 403, 429)
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -346,7 +347,8 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
             "with `pvm token create --role …`. `/metrics` (Prometheus) and these docs are open.\n\n"
             "**Errors** are JSON `{\"detail\": \"<message>\"}`: 400 malformed body, 401 no valid token, "
             "403 wrong role, 404 unknown name, 409 conflict, 413 body too large, 422 invalid request or "
-            "unsupported SQL, 502 a source's wrapper failed."
+            "unsupported SQL, 429 too many failed authentication attempts (see `Retry-After`), 502 a source's "
+            "wrapper failed."
         ),
         lifespan=lifespan,
         openapi_tags=[
@@ -358,7 +360,9 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
         ],
     )
     app.state.manager = manager
-    app.state.auth = TokenVerifier(lambda token_id: manager.db("token", token_id))
+    app.state.auth = TokenVerifier(
+        lambda after_id: manager.db("tokens", after_id), lambda *replaced: manager.db("replace_token_hash", *replaced)
+    )
     app.state.metrics = registry_for(manager)
     app.add_middleware(BodyLimit, default=max_body_bytes, limits={"/v1/updates": max_update_bytes})
     _error_handlers(app)
@@ -750,6 +754,7 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
         except ValueError as exc:
             raise ManagerError(str(exc), 422) from exc
         info, token = await issue(manager, body.role, body.source, body.name or "")
+        app.state.auth.remember(info)
         return TokenCreated(**out(info).model_dump(), token=token)
 
     @router.get(
@@ -774,7 +779,7 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
             info = await manager.db("revoke_token", token_id)
         except CatalogError as exc:
             raise ManagerError(str(exc), 404) from exc
-        app.state.auth.forget(token_id)
+        app.state.auth.remember(info)
         return out(info)
 
     return router

@@ -253,9 +253,18 @@ class Catalog:
             row = s.get(TokenRow, token_id)
             return None if row is None else _token_info(row)
 
-    def tokens(self) -> list[TokenInfo]:
+    def tokens(self, after_id: int = 0) -> list[TokenInfo]:
+        """Every token with an id above ``after_id`` (all of them by default), by id."""
         with Session(self.engine) as s:
-            return [_token_info(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
+            q = select(TokenRow).where(TokenRow.id > after_id).order_by(TokenRow.id)
+            return [_token_info(r) for r in s.scalars(q)]
+
+    def replace_token_hash(self, token_id: int, old: str, new: str) -> bool:
+        """Store ``new`` as the token's hash if it still is ``old`` (an upgrade of the hash
+        scheme, see api.auth); whether it was replaced."""
+        with Session(self.engine) as s, s.begin():
+            done = s.execute(update(TokenRow).where(TokenRow.id == token_id, TokenRow.hash == old).values(hash=new))
+            return done.rowcount == 1
 
     def revoke_token(self, token_id: int) -> TokenInfo:
         """Revoke a token (idempotent: an already revoked token keeps its revocation time)."""
