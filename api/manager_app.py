@@ -25,8 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source
+from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop, read_update_batch
 from api.metrics import registry_for, render
-from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, UpdateBatch, wrapper_url_problem
+from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, wrapper_url_problem
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
 from warehouse.receiver import ReceiveError
@@ -112,6 +113,7 @@ class SourceOut(BaseModel):
                     "capture": "trigger",
                     "relations": {"orders": ["id", "customer_id", "product_id", "qty"]},
                     "last_seq": 412,
+                    "held": 0,
                     "health": {"reachable": True, "last_seq": 412, "acked_through": 412, "pending": 0},
                 }
             ]
@@ -122,6 +124,9 @@ class SourceOut(BaseModel):
     capture: str
     relations: dict[str, list[str]] = Field(description="captured tables and their columns")
     last_seq: int = Field(description="every update of the source with seq <= last_seq is received and durable")
+    held: int = Field(default=0, description="updates received above a gap in seq: durable, released once the gap is filled")
+    waiting_for_seq: int | None = Field(default=None, description="while updates are held: the first missing seq")
+    held_through: int | None = Field(default=None, description="while updates are held: the highest seq held")
     health: WrapperHealth | None = Field(default=None, description="the wrapper's own report (shown for one source)")
 
 
@@ -368,6 +373,7 @@ def create_app(manager: Manager, *, max_body_bytes: int = MAX_BODY_BYTES, max_up
     _error_handlers(app)
     app.include_router(_service_routes(manager, app))
     app.include_router(_update_routes(manager))
+    document_update_batch(app)
     app.include_router(_source_routes(manager))
     app.include_router(_view_routes(manager))
     app.include_router(_token_routes(manager, app))
@@ -512,15 +518,24 @@ def _update_routes(manager: Manager) -> APIRouter:
         summary="Ship updates of a source",
         description="A wrapper ships committed updates of its source, numbered seq 1, 2, 3, … without gaps. "
         "The answer acknowledges everything durable through `through`; updates above a gap are stored and "
-        "listed in `held`. Resending is safe. Needs the wrapper token of `source` (or an admin token).",
+        "listed in `held`. Resending is safe; resending a seq with other content than was received is refused "
+        "(409 naming the seq), and so is a seq more than the manager's window (100,000 by default) beyond "
+        "`through` (422). Needs the wrapper token of `source` (or an admin token).",
         responses={
             200: {"content": {"application/json": {"example": {"through": 42, "held": []}}}},
-            **errors(400, *AUTH, 413, 422),
+            **errors(400, *AUTH, 409, 413, 422),
         },
+        openapi_extra=BODY_DOCS,
     )
-    async def post_updates(batch: UpdateBatch, principal: Principal = Depends(WRAPPER)) -> Ack:
-        require_source(principal, batch.source)
-        return await manager.receive(batch.source, batch.updates)
+    async def post_updates(request: Request, principal: Principal = Depends(WRAPPER)) -> Ack:
+        body = await request.body()  # read once the token is checked; parsed off the event loop (api/ingest.py)
+        with collector_paused(len(body)):
+            batch = await read_update_batch(body)
+            try:
+                require_source(principal, batch.source)
+                return await manager.receive(batch.source, batch.updates)
+            finally:
+                await drop(batch.updates)
 
     return router
 
@@ -532,12 +547,16 @@ def _source_routes(manager: Manager) -> APIRouter:
         if capture is None:
             info = (await manager.db("sources")).get(name)
             capture = info.capture if info is not None else "unknown"
+        received = manager.receiver.status(name)
         out = SourceOut(
             name=name,
             wrapper_url=manager.wrapper_urls[name],
             capture=capture,
             relations={t: list(r.columns) for t, r in manager.relations[name].items()},
-            last_seq=manager.receiver.released_through(name),
+            last_seq=received.released_through,
+            held=received.held,
+            waiting_for_seq=received.waiting_for,
+            held_through=received.held_through,
         )
         if health:
             out.health = await _wrapper_health(manager, name)

@@ -32,6 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--commit-linger", type=float, default=0.0, metavar="SECONDS",
         help="how long the commit manager waits after an effect is ready, to gather more into the same write (default: 0)",
     )
+    parser.add_argument(
+        "--seq-window", type=int, default=100_000, metavar="N",
+        help="how far beyond a source's last received seq an update is accepted, held until the gap fills (default: 100000)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
 
 
@@ -106,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.data_dir, args.spark_master, url, spark_conf)
     background = start_spark_services(store, args) if args.store == "spark" else []
     try:
-        manager = Manager(url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger)
+        manager = Manager(
+            url, store, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger, seq_window=args.seq_window
+        )
         server = uvicorn_server(create_app(manager))
         return asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
     finally:
@@ -124,6 +130,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
     spark_conf = spark_settings(args.spark_conf)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
+    if args.seq_window < 1:
+        raise CliError("--seq-window must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
         raise CliError("--commit-linger must be a number of seconds, 0 or more")
     if args.store == "spark":

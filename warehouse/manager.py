@@ -24,7 +24,7 @@ from warehouse.deltas import DeltaExtractor
 from warehouse.maintainer import COMMIT_MODES, ViewMaintainer, ViewSettings
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Switches, Unit, ViewProtocol
-from warehouse.receiver import Receiver
+from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
@@ -87,6 +87,7 @@ class Manager:
         switches: Switches | None = None,
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
+        seq_window: int = DEFAULT_SEQ_WINDOW,
     ) -> None:
         self.catalog_url = catalog_url
         self.store = store
@@ -100,7 +101,7 @@ class Manager:
         self.relations: dict[str, dict[str, RelationInfo]] = {}
         self.wrapper_urls: dict[str, str] = {}
         self.views: dict[str, ViewHandle] = {}
-        self.receiver = Receiver(self.db, self._release, self._receiver_schema)
+        self.receiver = Receiver(self.db, self._release, self._receiver_schema, window=seq_window)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
@@ -357,7 +358,7 @@ class Manager:
         return await self.clients[source].set_interest(self.interest(source))
 
     # -- updates ------------------------------------------------------------------------------------
-    async def receive(self, source: str, updates: list[Update]) -> Ack:
+    async def receive(self, source: str, updates: list[Update | PlainUpdate]) -> Ack:
         return await self.receiver.receive(source, updates)
 
     def _release(self, entry: LogEntry) -> None:
