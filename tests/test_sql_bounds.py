@@ -5,6 +5,8 @@ environment functions are refused with a message, never a RecursionError or a 50
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.analyst import QueryRejected, check_query
 from tests.api_support import VIEW, api_env
@@ -79,3 +81,34 @@ async def test_view_definitions_are_bounded_too(tmp_path) -> None:
         assert "deep" not in env.manager.views
         ok = VIEW + " AND " + "(" * 20 + "R.k = 1" + ")" * 20
         assert (await env.client.post("/v1/views", json={"sql": ok, "name": "fine"}, headers=admin)).status_code == 201
+
+
+SQL_WORDS = (
+    "SELECT FROM WHERE AND OR NOT ( ) [ ] , . * + - / = < > <= >= <> != || |> ; : ? ! ~ CASE WHEN THEN ELSE END "
+    "AS ON JOIN LEFT UNION ALL WITH RECURSIVE GROUP BY HAVING ORDER LIMIT OFFSET IN BETWEEN LIKE IS NULL TRUE "
+    "INTERVAL CAST ARRAY MAP STRUCT LATERAL VIEW EXPLODE PIVOT FOR TABLESAMPLE TRANSFORM USING -> `q` 'x' \"y\" "
+    "${v} 1 2.5 1e999 v a.R R.k k user current_user x /* */ -- \\n DISTINCT OVER PARTITION ROWS UNBOUNDED"
+).split()
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.one_of(
+        st.lists(st.sampled_from(SQL_WORDS), max_size=60).map(" ".join),
+        st.text(max_size=200),
+        st.builds(lambda w, n: "SELECT " + w * n + "1 FROM v", st.sampled_from(["(", "NOT ", "- ", "abs(", "[", "CASE WHEN x THEN "]), st.integers(0, 400)),
+    )
+)
+def test_any_text_is_checked_or_refused_never_crashes(sql: str) -> None:
+    """Whatever an analyst or an administrator sends, the check answers with SQL or a
+    refusal naming the problem: never another exception (a 500)."""
+    from warehouse.sql_views import ViewDefinitionError, parse_view
+
+    try:
+        assert isinstance(check_query(sql, ["v"]), str)
+    except QueryRejected as refused:
+        assert str(refused)
+    try:
+        parse_view(sql, lambda source, table: ("k", "v") if (source, table) == ("a", "R") else None, name="fuzz")
+    except ViewDefinitionError as refused:
+        assert str(refused)
