@@ -5,10 +5,11 @@
   names one update for good.
 * Durable before acknowledged: the update is in the catalog's update log first.
 * Gap-holding: an update that arrives before a smaller seq of its source is stored but not
-  released; it is released (in seq order) when the gap is filled, never skipped. A seq more
-  than ``window`` beyond the last released one is refused (ReceiveError, 422): what is held
-  stays bounded, and a wrapper that numbers wrongly hears of it at once. ``status`` tells
-  what a source holds and the seq it waits for.
+  released; it is released (in seq order) when the gap is filled, never skipped. Only its
+  seq and log id stay in memory; its changes are read back from the log when it is released,
+  ``RELEASE_CHUNK`` at a time. A seq more than ``window`` beyond the last released one is
+  refused (ReceiveError, 422): what is held stays bounded, and a wrapper that numbers wrongly
+  hears of it at once. ``status`` tells what a source holds and the seq it waits for.
 
 Released updates go to ``release``, which hands them to every view that reads the source
 (the paper's AssignTimeStamp appending to the UMQ). The acknowledgment names the highest
@@ -32,6 +33,7 @@ from api.schemas import Ack, Update
 from warehouse.catalog.db import LogEntry, NewUpdate, SeqConflict, content_digest
 
 DEFAULT_SEQ_WINDOW = 100_000
+RELEASE_CHUNK = 1_000  # held updates read back from the log at once
 _RECEIVING = ThreadPoolExecutor(1, thread_name_prefix="pvm-receive")  # never the pool other work shares
 
 
@@ -58,7 +60,8 @@ class PlainUpdate:
 @dataclass
 class SourceCursor:
     released_through: int = 0
-    held: dict[int, LogEntry] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)  # seq -> log id, above a gap
+    releasing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one release in seq order at a time
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class Receiver:
                 cursor.released_through = entry.seq
                 released.append(entry)
             else:
-                cursor.held[entry.seq] = entry
+                cursor.held[entry.seq] = entry.id
         return released
 
     def released_through(self, source: str) -> int:
@@ -170,17 +173,34 @@ class Receiver:
         cursor = self._cursors.setdefault(source, SourceCursor())
         self._check_window(source, cursor, updates)
         prepared = await self._off_loop(self._prepare, source, updates, schemas)
-        if prepared:
-            for entry in await self._db("append_updates", source, prepared):
-                cursor.held.setdefault(entry.seq, entry)
-        await self._release_ready(cursor)
+        stored = {e.seq: e for e in await self._db("append_updates", source, prepared)} if prepared else {}
+        async with cursor.releasing:
+            await self._release_ready(cursor, stored)
+            cursor.held.update((seq, e.id) for seq, e in stored.items() if seq > cursor.released_through)
         return Ack(through=cursor.released_through, held=sorted(cursor.held))
 
-    async def _release_ready(self, cursor: SourceCursor) -> None:
-        """Release the held updates that follow the released ones without a gap, in seq
-        order, giving the event loop its turn after each."""
-        while cursor.released_through + 1 in cursor.held:
-            entry = cursor.held.pop(cursor.released_through + 1)
-            cursor.released_through = entry.seq
-            self._release(entry)
-            await asyncio.sleep(0)
+    async def _release_ready(self, cursor: SourceCursor, stored: dict[int, LogEntry]) -> None:
+        """Release, in seq order, the updates that follow the released ones without a gap: those
+        just ``stored`` as they are, held ones read back from the log; the event loop gets its
+        turn after each."""
+        while True:
+            following = cursor.released_through + 1
+            if following in stored:
+                entries = [stored.pop(following)]
+            elif following in cursor.held:
+                entries = await self._read_held(cursor, following)
+            else:
+                return
+            for entry in entries:
+                cursor.held.pop(entry.seq, None)
+                cursor.released_through = entry.seq
+                self._release(entry)
+                await asyncio.sleep(0)
+
+    async def _read_held(self, cursor: SourceCursor, first: int) -> list[LogEntry]:
+        """The held updates from seq ``first`` on without a gap, at most ``RELEASE_CHUNK``."""
+        ids = []
+        while first + len(ids) in cursor.held and len(ids) < RELEASE_CHUNK:
+            ids.append(cursor.held[first + len(ids)])
+        entries = await self._db("log_entries", None, 0, ids)
+        return [e for i, e in enumerate(entries) if e.seq == first + i]  # in seq order, never past a gap
