@@ -20,20 +20,21 @@ Verification cannot be used for denial of service:
   of milliseconds of CPU per request. One HMAC costs about a microsecond, on the event loop.
 * **No catalog read per request.** The verifier keeps the token table in memory (a row per
   token ever issued, revoked ones too: as many as the administrators made), reloaded in the
-  background every ``ttl`` seconds; an id above every id it knows (a token made since) is
-  looked up once. Unknown and known ids take the same path: the secret is compared with the
-  row's hash, or with a dummy hash when there is no row, so neither the CPU spent nor the
-  answer's timing tells which ids exist.
+  background every ``ttl`` seconds; an id above every id it knows (a token made since) makes
+  it read the newer rows, at most every ``fetch_interval`` seconds whoever asks. Unknown and
+  known ids take the same path: the secret is compared with the row's hash, or with a dummy
+  hash when there is no row, so neither the CPU spent nor the answer's timing tells which of
+  the ids it knows exist (ids above them tell only that tokens are numbered in order).
 * **Failed attempts are throttled** per client address (an IPv6 client by its /64):
   ``AttemptThrottle`` lets ``rate`` failures a second through (bursts of ``burst``); past that
   every failing attempt, and every one that would need work beyond the in-memory check (an id
   to look up, a legacy hash), is answered 429 with ``Retry-After``. A valid token from the
   same address still passes. The table of addresses has a fixed size: addresses share slots
   by a keyed hash, so it never grows with the number of clients. Behind a reverse proxy every
-  client has the proxy's address: throttle there, or raise the limits.
+  client has the proxy's address: throttle at the proxy.
 * **Hashes of earlier versions** (``pbkdf2_sha256$…``, 100,000 iterations) still work: such a
-  token's first successful use stores its HMAC hash in place of the old one, so PBKDF2 runs at
-  most once per token. Until then each check of an old hash costs PBKDF2, so those checks run
+  token's first successful use stores its HMAC hash in place of the old one, so a valid token
+  costs PBKDF2 once. Until then each check of an old hash costs PBKDF2, so those checks run
   on a thread of their own, only after the cheap checks passed (a known, unrevoked id from a
   client under its failure limit), and at most ``legacy_rate`` a second in the whole process
   (429 beyond that). Old hashes are recognisable by timing; new ones are not.
