@@ -118,20 +118,24 @@ class Receiver:
     def forget(self, source: str) -> None:
         self._cursors.pop(source, None)
 
-    def _schemas(self, source: str, updates: Sequence[Update | PlainUpdate]) -> dict[int, Mapping[str, tuple[Sequence[str], set[str]]]]:
-        """What each update's rows must match, read on the event loop (views come and go there)."""
+    def _schemas(self, source: str, updates: Sequence[Update | PlainUpdate]) -> dict[int, dict[str, tuple[frozenset[str], set[str]]]]:
+        """What each update's rows must match: per relation its columns and those a view needs.
+        Read on the event loop, where views come and go."""
         if self._relations(source, 0) is None:
             raise ReceiveError(f"unknown source {source!r}")
-        return {u.seq: self._relations(source, u.seq) for u in updates}
+        return {
+            u.seq: {table: (frozenset(columns), needed) for table, (columns, needed) in self._relations(source, u.seq).items()}
+            for u in updates
+        }
 
     @staticmethod
-    def _validate(source: str, update: PlainUpdate, relations: Mapping[str, tuple[Sequence[str], set[str]]]) -> None:
+    def _validate(source: str, update: PlainUpdate, relations: Mapping[str, tuple[frozenset[str], set[str]]]) -> None:
         for change in update.changes:
             known = relations.get(change["relation"])
             if known is None:
                 raise ReceiveError(f"update seq {update.seq} of source {source!r}: unknown relation {change['relation']!r}")
             columns, needed = known
-            unknown = change["row"].keys() - set(columns)
+            unknown = change["row"].keys() - columns
             if unknown:
                 raise ReceiveError(
                     f"update seq {update.seq} of source {source!r}: relation {change['relation']!r} "
