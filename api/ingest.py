@@ -121,7 +121,9 @@ def _parse(body: bytes) -> Any:
         where = f"in the first {reader.offset} bytes" if reader.offset > 0 else "at the start"
         if "overflow" in reason:
             raise HTTPException(
-                422, f"a number {where} of the body is out of range ({reason}): integers must fit in signed 64 bits"
+                422,
+                f"a number {where} of the body is out of range ({reason}): integers must fit in signed 64 bits, "
+                "floats below 1.8e308",
             ) from None
         raise HTTPException(400, f"malformed JSON body: {reason} ({where})") from None
 
