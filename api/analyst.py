@@ -21,7 +21,13 @@ sqlglot (Spark dialect) and refused with a 400 naming the problem unless it is:
   ``input_file_name``, ``current_user``, ``xpath``…) and functions that build values of any
   size (``sequence``, ``repeat``, ``space``, ``array_repeat``) are not on it;
 * free of DDL, DML, commands, ``SET``, ``CACHE``, ``SELECT … INTO``, hints and ``${…}``
-  variable substitution.
+  variable substitution;
+* free of bare words that Spark reads as environment functions where no column of that name
+  is in scope (``NILADIC_WORDS``: ``user`` is ``current_user()``, even quoted as ```user```):
+  a column so named is read qualified (``v.user``);
+* within the bounds of ``warehouse/sql_bounds.py``, checked on the tokens before sqlglot
+  parses anything: at most ``MAX_QUERY_TOKENS`` tokens, nested at most 25 levels (sqlglot
+  recurses per level); not in pipe syntax (``FROM v |> WHERE …``).
 
 What runs is the statement regenerated from the checked syntax tree, never the text as sent,
 so the check and the execution cannot disagree on what the statement is. It is generated
@@ -39,6 +45,7 @@ the store as of the watermark (``warehouse/verify.py``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Collection
 from typing import Any
@@ -52,10 +59,12 @@ from sqlglot.errors import SqlglotError
 
 from api.auth import Principal
 from warehouse.analysts.supervisor import AnalystError, AnalystProcess
+from warehouse import sql_bounds
 from warehouse.manager import Manager, ManagerError
 from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
 
 MAX_QUERY_ROWS = 10_000
+MAX_VIEW_SCANS = 256
 QUERY_TIMEOUT_S = 120.0
 
 router = APIRouter(tags=["analyst"])
@@ -155,6 +164,20 @@ _QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
     getattr(exp, name) for name in dir(exp) if name.startswith("JSONPath") and isinstance(getattr(exp, name), type)
 )
 
+# Words Spark resolves as a function when no column of that name is in scope, quoted or not
+# (Spark 4's literal functions: user, current_user, session_user, current_date,
+# current_timestamp, current_time, current_path, grouping__id), and environment words other
+# versions may add. Only a bare column reference is refused: a qualified one (v.user) is
+# always a column, and sqlglot reads the allowed ones (current_date) as function calls.
+NILADIC_WORDS = frozenset(
+    """
+    user current_user session_user system_user current_role current_path current_database
+    current_catalog current_schema current_date current_timestamp current_time current_timezone
+    localtimestamp localtime grouping__id
+    """.split()
+)
+MAX_QUERY_TOKENS = 5_000  # sqlglot checks such a statement in ~0.25 s
+
 _TABLE_ARGS = frozenset({"this", "alias", "pivots", "sample", "joins", "laterals"})
 _STORE_PREFIXES = (ZLOG_PREFIX, BASE_PREFIX)
 _CALL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
@@ -164,25 +187,100 @@ def check_query(sql: str, views: Collection[str]) -> str:
     """The Spark SQL to run for analyst statement ``sql`` over the registered ``views``;
     QueryRejected naming the first problem otherwise."""
     known = {v.lower(): v for v in views}
-    tree = _parse_query(sql)
-    _check_tree(tree, known)
-    out = _generate(tree)
-    # What runs is ``out``: check it too, and that it is what it says it is (a fixpoint of
-    # parsing and generating), so that no rewrite of the generator slips past the check.
-    again = _parse_query(out)
-    _check_tree(again, known)
-    if _generate(again) != out:
-        raise QueryRejected("the statement does not survive regeneration unchanged; simplify it")
+    try:
+        tree = _parse_query(sql)
+        _check_tree(tree, known)
+        out = _generate(tree)
+        # What runs is ``out``: check it too, and that it is what it says it is (a fixpoint of
+        # parsing and generating), so that no rewrite of the generator slips past the check.
+        again = _parse_query(out)
+        _check_tree(again, known)
+        if _generate(again) != out:
+            raise QueryRejected("the statement does not survive regeneration unchanged; simplify it")
+        scans = view_scans(again)
+        if scans > MAX_VIEW_SCANS:
+            raise QueryRejected(
+                f"the statement reads views {scans} times once its WITH clauses are expanded (at most "
+                f"{MAX_VIEW_SCANS}): Spark would plan every copy; simplify it"
+            )
+    except RecursionError:
+        raise QueryRejected(str(sql_bounds.too_deep())) from None
     if "${" in out:
         raise QueryRejected("variable substitution (${…}) is not allowed")
     return out
 
 
+def view_scans(tree: exp.Expression) -> int:
+    """How many times the statement reads a view once every CTE reference is replaced by the
+    CTE's query, as Spark's analyzer does: a chain of CTEs that each read the one before twice
+    doubles the plan at every step, and planning it holds a Spark driver for good.
+
+    >>> chain = "WITH c0 AS (SELECT id FROM v), " + ", ".join(
+    ...     f"c{i} AS (SELECT id FROM c{i-1} UNION ALL SELECT id FROM c{i-1})" for i in range(1, 6))
+    >>> view_scans(sqlglot.parse_one(chain + " SELECT * FROM c5", dialect="spark"))
+    32
+    """
+    memo: dict[int, int] = {}
+
+    def scans(node: exp.Expression) -> int:
+        total = 0
+        for table in node.find_all(exp.Table):
+            if _inside_cte(table, node):
+                continue  # a CTE's reads count where the CTE is read, not where it is written
+            cte = _cte_of(table)
+            if cte is None:
+                total += 1
+            else:
+                if id(cte) not in memo:
+                    memo[id(cte)] = 0  # a reference to itself (refused as recursion) counts once
+                    memo[id(cte)] = scans(cte.this)
+                total += memo[id(cte)]
+        return total
+
+    return scans(tree)
+
+
+def _inside_cte(table: exp.Table, top: exp.Expression) -> bool:
+    """Whether ``table`` sits in a CTE definition below ``top``."""
+    node = table.parent
+    while node is not None and node is not top:
+        if isinstance(node, exp.CTE):
+            return True
+        node = node.parent
+    return False
+
+
+def _cte_of(table: exp.Table) -> exp.CTE | None:
+    """The CTE a table reference resolves to, as Spark scopes it (see ``ctes_in_scope``), or
+    None for a view."""
+    name = table.name.lower()
+    child: exp.Expression = table
+    node = table.parent
+    while node is not None:
+        if isinstance(node, exp.With):
+            position = next((i for i, cte in enumerate(node.expressions) if cte is child), 0)
+            for cte in reversed(node.expressions[:position]):
+                if cte.alias_or_name.lower() == name:
+                    return cte
+        else:
+            clause = _with_of(node)
+            if clause is not None and clause is not child:
+                for cte in reversed(clause.expressions):
+                    if cte.alias_or_name.lower() == name:
+                        return cte
+        child, node = node, node.parent
+    return None
+
+
 def _parse_query(sql: str) -> exp.Query:
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect="spark") if s is not None]
+        statements = [s for s in sql_bounds.parse(sql, "spark", max_tokens=MAX_QUERY_TOKENS) if s is not None]
+    except sql_bounds.SqlTooComplex as error:
+        raise QueryRejected(str(error)) from None
     except SqlglotError as error:
         raise QueryRejected(f"could not parse the statement: {str(error).splitlines()[0]}") from None
+    except Exception as error:  # sqlglot failing on odd input is still the statement's problem
+        raise QueryRejected(f"could not parse the statement ({type(error).__name__}: {error})"[:500]) from None
     if not statements:
         raise QueryRejected("the statement is empty")
     if len(statements) > 1:
@@ -207,6 +305,8 @@ def _generate(tree: exp.Expression) -> str:
 def _check_tree(tree: exp.Expression, views: dict[str, str]) -> None:
     defined = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for node in tree.walk():
+        if isinstance(node, exp.Column):
+            _check_column(node)
         if isinstance(node, exp.Table):
             _check_table(node, views, defined)
         elif isinstance(node, exp.Func) and not isinstance(node, _SYNTAX):
@@ -280,6 +380,14 @@ def _check_table(table: exp.Table, views: dict[str, str], defined: set[str]) -> 
     raise QueryRejected(f"unknown view {table.name!r}{hint}: queries may read only views ({shown})")
 
 
+def _check_column(column: exp.Column) -> None:
+    if not column.table and column.name.lower() in NILADIC_WORDS:
+        raise QueryRejected(
+            f"{column.name!r} alone means Spark's {column.name.lower()}() wherever no column of that name is in scope; "
+            f"to read a column named {column.name!r}, qualify it with its view or alias (v.{column.name})"
+        )
+
+
 def _check_function(node: exp.Func) -> None:
     if isinstance(node, exp.Anonymous):
         name = node.name if isinstance(node.this, str) else node.this.sql()
@@ -343,8 +451,8 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
     query process (``warehouse/analysts``), never in the process that maintains the views."""
     manager = _manager(request)
     analysts = analysts_of(manager)
-    try:
-        sql = check_query(body.sql, manager.views)
+    try:  # parsing a long statement takes a while: not on the event loop
+        sql = await asyncio.to_thread(check_query, body.sql, list(manager.views))
     except QueryRejected as exc:
         raise ManagerError(str(exc), 400) from exc
     try:

@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 from pyspark.sql.connect.proto import base_pb2
 
-from api.auth import Principal
+from api.auth import Principal, TooManyAttempts
 from api.connect_check import Refused, check_analyze, check_config, check_execute
 from warehouse.analysts.supervisor import AnalystProcess, AnalystsBusy
 
@@ -68,7 +68,7 @@ class ConnectGateway:
     def __init__(
         self,
         settings: GatewaySettings,
-        verify: Callable[[str], Awaitable[Principal | None]],
+        verify: Callable[[str, str], Awaitable[Principal | None]],
         analysts: AnalystProcess,
         views: Callable[[], Collection[str]],
     ) -> None:
@@ -182,7 +182,10 @@ class ConnectGateway:
                 grpc.StatusCode.UNAUTHENTICATED,
                 "Spark Connect needs an analyst token: sc://HOST:PORT/;token=<token> (pvm token create --role analyst)",
             )
-        principal = await self._verify(header[7:].strip())
+        try:
+            principal = await self._verify(header[7:].strip(), _client_address(context.peer()))
+        except TooManyAttempts as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (retry after {exc.retry_after:.0f} s)")
         if principal is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the token is unknown, malformed or revoked")
         assert principal is not None
@@ -199,8 +202,8 @@ class ConnectGateway:
         return principal
 
     async def _refused(self, context: grpc.aio.ServicerContext, check: Callable[[], None]) -> None:
-        try:
-            check()
+        try:  # parsing SQL in a plan takes a while: not on the gateway's event loop
+            await asyncio.to_thread(check)
         except Refused as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 
@@ -342,6 +345,18 @@ class ConnectGateway:
 
 class AnalystsDown(Exception):
     """The analysts' query process is not ready."""
+
+
+def _client_address(peer: str) -> str:
+    """The address part of a gRPC peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``), for the
+    failed-attempt limits that the REST API applies per address too.
+
+    >>> _client_address("ipv4:10.0.0.7:51234"), _client_address("ipv6:[::1]:40000")
+    ('10.0.0.7', '::1')
+    """
+    kind, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else rest
+    return host.strip("[]") or peer
 
 
 def _serialize(message: Any) -> bytes:

@@ -25,9 +25,10 @@ from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import analyst
-from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source
+from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source, verifier_for
+from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop, read_update_batch
 from api.metrics import registry_for, render
-from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, UpdateBatch, wrapper_url_problem
+from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, wrapper_url_problem
 from warehouse.analysts.supervisor import AnalystError
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
@@ -115,6 +116,7 @@ class SourceOut(BaseModel):
                     "capture": "trigger",
                     "relations": {"orders": ["id", "customer_id", "product_id", "qty"]},
                     "last_seq": 412,
+                    "held": 0,
                     "health": {"reachable": True, "last_seq": 412, "acked_through": 412, "pending": 0},
                 }
             ]
@@ -125,6 +127,9 @@ class SourceOut(BaseModel):
     capture: str
     relations: dict[str, list[str]] = Field(description="captured tables and their columns")
     last_seq: int = Field(description="every update of the source with seq <= last_seq is received and durable")
+    held: int = Field(default=0, description="updates received above a gap in seq: durable, released once the gap is filled")
+    waiting_for_seq: int | None = Field(default=None, description="while updates are held: the first missing seq")
+    held_through: int | None = Field(default=None, description="while updates are held: the highest seq held")
     health: WrapperHealth | None = Field(default=None, description="the wrapper's own report (shown for one source)")
 
 
@@ -355,6 +360,7 @@ ERROR_EXAMPLES = {
     409: ("conflicts with what exists", "view 'big_orders' already exists"),
     413: ("request body too large", "request body larger than 1048576 bytes"),
     422: ("invalid request", "unsupported SQL: aggregates are not supported (COUNT)"),
+    429: ("too many failed authentication attempts from this address", "too many failed authentication attempts from this address; try again in 1 s"),
     502: ("the source's wrapper refused or is unreachable", "could not read the schema of source 'shop' at http://127.0.0.1:8101: …"),
     503: ("not ready, or still starting (then with `Retry-After`)", "not ready: the view store does not answer: …"),
 }
@@ -372,7 +378,7 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-AUTH = (401, 403)
+AUTH = (401, 403, 429)
 
 
 # -- the app ---------------------------------------------------------------------------------------
@@ -414,7 +420,8 @@ def create_app(
             "with `pvm token create --role …`. `/metrics` (Prometheus) and these docs are open.\n\n"
             "**Errors** are JSON `{\"detail\": \"<message>\"}`: 400 malformed body, 401 no valid token, "
             "403 wrong role, 404 unknown name, 409 conflict, 413 body too large, 422 invalid request or "
-            "unsupported SQL, 502 a source's wrapper failed."
+            "unsupported SQL, 429 too many failed authentication attempts (see `Retry-After`), 502 a source's "
+            "wrapper failed."
         ),
         lifespan=lifespan,
         openapi_tags=[
@@ -426,13 +433,14 @@ def create_app(
         ],
     )
     app.state.manager = manager
-    app.state.auth = verifier or TokenVerifier(lambda token_id: manager.db("token", token_id))
+    app.state.auth = verifier or verifier_for(manager)
     app.state.metrics = registry_for(manager)
     app.add_middleware(BodyLimit, default=max_body_bytes, limits={"/v1/updates": max_update_bytes})
     app.add_middleware(StartingGate, manager=manager)
     _error_handlers(app)
     app.include_router(_service_routes(manager, app))
     app.include_router(_update_routes(manager))
+    document_update_batch(app)
     app.include_router(_source_routes(manager))
     app.include_router(_view_routes(manager))
     app.include_router(_token_routes(manager, app))
@@ -618,15 +626,24 @@ def _update_routes(manager: Manager) -> APIRouter:
         summary="Ship updates of a source",
         description="A wrapper ships committed updates of its source, numbered seq 1, 2, 3, … without gaps. "
         "The answer acknowledges everything durable through `through`; updates above a gap are stored and "
-        "listed in `held`. Resending is safe. Needs the wrapper token of `source` (or an admin token).",
+        "listed in `held`. Resending is safe; resending a seq with other content than was received is refused "
+        "(409 naming the seq), and so is a seq more than the manager's window (100,000 by default) beyond "
+        "`through` (422). Needs the wrapper token of `source` (or an admin token).",
         responses={
             200: {"content": {"application/json": {"example": {"through": 42, "held": []}}}},
-            **errors(400, *AUTH, 413, 422),
+            **errors(400, *AUTH, 409, 413, 422),
         },
+        openapi_extra=BODY_DOCS,
     )
-    async def post_updates(batch: UpdateBatch, principal: Principal = Depends(WRAPPER)) -> Ack:
-        require_source(principal, batch.source)
-        return await manager.receive(batch.source, batch.updates)
+    async def post_updates(request: Request, principal: Principal = Depends(WRAPPER)) -> Ack:
+        body = await request.body()  # read once the token is checked; parsed off the event loop (api/ingest.py)
+        with collector_paused(len(body)):
+            batch = await read_update_batch(body)
+            try:
+                require_source(principal, batch.source)
+                return await manager.receive(batch.source, batch.updates)
+            finally:
+                await drop(batch.updates)
 
     return router
 
@@ -638,12 +655,16 @@ def _source_routes(manager: Manager) -> APIRouter:
         if capture is None:
             info = (await manager.db("sources")).get(name)
             capture = info.capture if info is not None else "unknown"
+        received = manager.receiver.status(name)
         out = SourceOut(
             name=name,
             wrapper_url=manager.wrapper_urls[name],
             capture=capture,
             relations={t: list(r.columns) for t, r in manager.relations[name].items()},
-            last_seq=manager.receiver.released_through(name),
+            last_seq=received.released_through,
+            held=received.held,
+            waiting_for_seq=received.waiting_for,
+            held_through=received.held_through,
         )
         if health:
             out.health = await _wrapper_health(manager, name)
@@ -864,6 +885,7 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
         except ValueError as exc:
             raise ManagerError(str(exc), 422) from exc
         info, token = await issue(manager, body.role, body.source, body.name or "")
+        app.state.auth.remember(info)
         return TokenCreated(**out(info).model_dump(), token=token)
 
     @router.get(
@@ -888,7 +910,7 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
             info = await manager.db("revoke_token", token_id)
         except CatalogError as exc:
             raise ManagerError(str(exc), 404) from exc
-        app.state.auth.forget(token_id)
+        app.state.auth.remember(info)
         return out(info)
 
     return router

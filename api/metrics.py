@@ -72,9 +72,20 @@ class ManagerCollector(Collector):
         received = CounterMetricFamily(
             "pvm_source_updates_received", "Updates of a source received, durable and released in seq order", labels=["source"]
         )
+        held = GaugeMetricFamily(
+            "pvm_source_updates_held", "Updates of a source received above a gap in seq, waiting for it", labels=["source"]
+        )
+        waiting = GaugeMetricFamily(
+            "pvm_source_waiting_for_seq", "The first missing seq of a source while updates are held (0: none held)", labels=["source"]
+        )
         for source in sorted(m.clients):
-            received.add_metric([source], m.receiver.released_through(source))
+            status = m.receiver.status(source)
+            received.add_metric([source], status.released_through)
+            held.add_metric([source], status.held)
+            waiting.add_metric([source], status.waiting_for or 0)
         yield received
+        yield held
+        yield waiting
         if m.store_probe is not None:
             up = GaugeMetricFamily("pvm_store_up", "1 when the view store answered its latest probe (never waited for here)")
             up.add_metric([], 0.0 if m.store_probe.last() else 1.0)

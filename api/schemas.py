@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Scalar = Union[int, float, str, bool, None]
 
+INT64_MAX = 2**63 - 1  # integers on the wire fit signed 64 bits (the catalog's and Spark's BIGINT)
 MAX_CHANGES_PER_UPDATE = 100_000
 MAX_UPDATES_PER_POST = 1_000
 MAX_SUBQUERY_KEYS = 200_000
@@ -53,7 +54,7 @@ class Update(BaseModel):
     """The changes of one committed source transaction (or of several consecutive ones)."""
 
     model_config = ConfigDict(extra="forbid")
-    seq: int = Field(ge=1, description="gap-free, 1, 2, 3, … in shipping order", examples=[1])
+    seq: int = Field(ge=1, le=INT64_MAX, description="gap-free, 1, 2, 3, … in shipping order", examples=[1])
     changes: list[Change] = Field(max_length=MAX_CHANGES_PER_UPDATE)
     txid: str | None = Field(default=None, description="source transaction id, where exposed")
     captured_at: float | None = Field(default=None, description="unix time the wrapper captured it")
@@ -90,7 +91,7 @@ class UpdateBatch(BaseModel):
 class Ack(BaseModel):
     """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap."""
 
-    through: int
+    through: int = Field(ge=0, le=INT64_MAX)
     held: list[int] = []
 
 
@@ -118,7 +119,7 @@ class SubqueryAnswer(BaseModel):
     """``rows`` are ``[key index, *selected values, count]``: the join as of ``watermark``,
     which covers exactly the updates with seq <= watermark (DESIGN.md invariant 3)."""
 
-    watermark: int
+    watermark: int = Field(ge=0, le=INT64_MAX)
     rows: list[list[Any]]
     elapsed_ms: float | None = None
 
@@ -142,7 +143,7 @@ class Interest(BaseModel):
 class InterestAck(BaseModel):
     """Every update with seq > ``boundary`` is filtered and projected with the new interest."""
 
-    boundary: int
+    boundary: int = Field(ge=0, le=INT64_MAX)
 
 
 KEY_RELATION = "$key"

@@ -64,6 +64,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--stall-after", type=float, default=60.0, metavar="SECONDS",
         help="the maintenance watchdog: a view with work pending and no progress this long is reported stalled and makes /v1/ready fail (default: 60)",
     )
+    parser.add_argument(
+        "--seq-window", type=int, default=100_000, metavar="N",
+        help="how far beyond a source's last received seq an update is accepted, held until the gap fills (default: 100000)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
 
 
@@ -175,7 +179,7 @@ def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None =
 
 
 def run(args: argparse.Namespace) -> int:
-    from api.auth import TokenVerifier
+    from api.auth import verifier_for
     from api.manager_app import create_app
     from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.catalog.secrets import key_file_for
@@ -196,9 +200,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         manager = Manager(
             url, None, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger,
-            stall_after_s=args.stall_after, catalog_key_file=key_file,
+            stall_after_s=args.stall_after, catalog_key_file=key_file, seq_window=args.seq_window,
         )
-        verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
+        verifier = verifier_for(manager)
 
         async def startup() -> None:
             try:
@@ -245,6 +249,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
     spark_conf = spark_settings(args.spark_conf)
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
+    if args.seq_window < 1:
+        raise CliError("--seq-window must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
         raise CliError("--commit-linger must be a number of seconds, 0 or more")
     if not (math.isfinite(args.stall_after) and args.stall_after > 0):

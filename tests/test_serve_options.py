@@ -97,6 +97,12 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
     assert code == 2 and "--commit-linger" in err, err
 
 
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_seq_window_must_be_positive(tmp_path, capsys, value: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"--seq-window={value}")
+    assert code == 2 and "--seq-window" in err, err
+
+
 def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> None:
     import warehouse.manager
 
@@ -112,10 +118,11 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
     monkeypatch.setattr(warehouse.manager, "Manager", fake_manager)
     with pytest.raises(Stop):
         main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
-              "--commit-linger", "0.25", "--commit-group-size", "7"])
+              "--commit-linger", "0.25", "--commit-group-size", "7", "--seq-window", "50"])
     # the memory store: no analysts' query process
     assert seen == {
         "commit_group_size": 7, "commit_linger": 0.25, "catalog_key_file": tmp_path / "catalog.key", "stall_after_s": 60.0,
+        "seq_window": 50,
     }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 

@@ -27,7 +27,7 @@ from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Switches, Unit, ViewProtocol, ViewUpdate
-from warehouse.receiver import Receiver
+from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
@@ -114,6 +114,7 @@ class Manager:
         catalog_key_file: Path | None = None,
         backoff: Backoff | None = None,
         stall_after_s: float = STALL_AFTER_S,
+        seq_window: int = DEFAULT_SEQ_WINDOW,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -140,7 +141,7 @@ class Manager:
         self.relations: dict[str, dict[str, RelationInfo]] = {}
         self.wrapper_urls: dict[str, str] = {}
         self.views: dict[str, ViewHandle] = {}
-        self.receiver = Receiver(self.db, self._release, self._receiver_schema)
+        self.receiver = Receiver(self.db, self._release, self._receiver_schema, window=seq_window)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
@@ -441,7 +442,7 @@ class Manager:
         return await self.clients[source].set_interest(self.interest(source))
 
     # -- updates ------------------------------------------------------------------------------------
-    async def receive(self, source: str, updates: list[Update]) -> Ack:
+    async def receive(self, source: str, updates: list[Update | PlainUpdate]) -> Ack:
         return await self.receiver.receive(source, updates)
 
     def _release(self, entry: LogEntry) -> None:

@@ -36,9 +36,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
+
+from warehouse import sql_bounds
 
 from warehouse.expr import (
     And,
@@ -105,7 +106,15 @@ class _Relation:
 
 
 def parse_view(sql: str, schema: Schema, name: str | None = None) -> ViewPlan:
-    """Parse ``sql`` into a ViewPlan; ``name`` overrides the name given by CREATE VIEW."""
+    """Parse ``sql`` into a ViewPlan; ``name`` overrides the name given by CREATE VIEW.
+    The statement is bounded in size and nesting before it is parsed (``sql_bounds``)."""
+    try:
+        return _plan(sql, schema, name)
+    except RecursionError:
+        raise ViewDefinitionError(str(sql_bounds.too_deep())) from None
+
+
+def _plan(sql: str, schema: Schema, name: str | None) -> ViewPlan:
     written_name, select = _statement(sql)
     view_name = _view_name(name if name is not None else written_name)
     _check_clauses(select)
@@ -128,10 +137,14 @@ def _statement(sql: str) -> tuple[str | None, exp.Select]:
     """The SELECT of the single statement, with the name a CREATE VIEW gives it."""
     try:
         # parse() yields None for empty statements, e.g. after a trailing semicolon.
-        statements = [s for s in sqlglot.parse(sql) if s is not None]
+        statements = [s for s in sql_bounds.parse(sql) if s is not None]
+    except sql_bounds.SqlTooComplex as error:
+        raise ViewDefinitionError(f"the view definition is refused: {error}") from None
     except SqlglotError as error:
         # sqlglot appends a highlighted excerpt on further lines; the first line says it all.
         raise ViewDefinitionError(f"could not parse the view definition: {str(error).splitlines()[0]}") from error
+    except Exception as error:  # sqlglot failing on odd input is still the definition's problem
+        raise ViewDefinitionError(f"could not parse the view definition ({type(error).__name__}: {error})"[:500]) from None
     if not statements:
         raise ViewDefinitionError("the view definition is empty")
     if len(statements) > 1:

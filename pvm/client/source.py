@@ -89,8 +89,19 @@ def run(args: argparse.Namespace) -> int:
                 ("wrapper", source["wrapper_url"]),
                 ("capture", source["capture"]),
                 ("last seq received", source["last_seq"]),
+                ("held above a gap", _held(source)),
                 ("wrapper health", wrapper),
                 *((f"table {t}", ", ".join(cols)) for t, cols in sorted(source["relations"].items())),
             ],
         )
         return 0
+
+
+def _held(source: dict) -> str:
+    """The updates a source has above a gap in its seq, and the seq they wait for."""
+    if not source.get("held"):
+        return "none"
+    return (
+        f"[yellow]{source['held']} update(s), seqs up to {source.get('held_through')}, "
+        f"waiting for seq {source.get('waiting_for_seq')}[/yellow]"
+    )

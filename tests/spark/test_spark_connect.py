@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from api.auth import TokenVerifier, issue
+from api.auth import issue, verifier_for
 from api.connect_gateway import ConnectGateway, GatewaySettings
 from tests.spark.analyst_support import change, join_sql, settle, sim_manager
 from warehouse.store.spark import SparkStore
@@ -72,7 +72,7 @@ async def test_analysts_read_views_through_spark_connect_and_nothing_else(
 ) -> None:
     pytest.importorskip("grpc", reason="the Spark Connect client needs grpcio (pip install '.[connect]')")
     manager, sources = await sim_manager(tmp_path, analyst_store, seed=7, analysts=analysts)
-    verifier = TokenVerifier(lambda token_id: manager.db("token", token_id))
+    verifier = verifier_for(manager)
     gateway = ConnectGateway(GatewaySettings("127.0.0.1", 0), verifier.verify, analysts, lambda: list(manager.views))
     url = gateway.start()
     try:
@@ -130,8 +130,7 @@ async def test_analysts_read_views_through_spark_connect_and_nothing_else(
         assert (await asyncio.to_thread(client, url, wrapper, view))["sql"]["code"] == "PERMISSION_DENIED"
         for bad in (None, "pvm_1_" + "x" * 40):
             assert (await asyncio.to_thread(client, url, bad, view))["sql"]["code"] == "UNAUTHENTICATED"
-        await manager.db("revoke_token", info.id)
-        verifier.forget(info.id)
+        verifier.remember(await manager.db("revoke_token", info.id))
         assert (await asyncio.to_thread(client, url, token, view))["sql"]["code"] == "UNAUTHENTICATED"
     finally:
         gateway.stop()

@@ -7,8 +7,10 @@ the Alembic migrations, applied on open.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,10 @@ from warehouse.file_modes import PRIVATE
 
 class CatalogError(Exception):
     """A request that conflicts with the catalog (duplicate name, unknown name)."""
+
+
+class SeqConflict(CatalogError):
+    """An update whose seq is logged already, with other content."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,41 @@ class LogEntry:
     changes: list[dict[str, Any]]
     captured_at: float | None
     received_at: float
+
+
+@dataclass(frozen=True)
+class NewUpdate:
+    """A source update to log: its changes as plain data, and their ``content_digest``."""
+
+    seq: int
+    changes: list[dict[str, Any]]
+    txid: str | None
+    captured_at: float | None
+    digest: str
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+
+
+def content_digest(changes: Sequence[dict[str, Any]], slice_size: int = 1000) -> str:
+    """SHA-256 of ``changes`` as canonical JSON (keys sorted, no spaces, ASCII): the same
+    content gives the same digest however its keys were ordered on the wire. Encoded a slice
+    at a time, so a large update never holds the GIL for long; the slices joined are exactly
+    the encoding of the whole list.
+
+    >>> content_digest([{"sign": 1, "relation": "R", "row": {"v": "x", "k": 1}}]) == content_digest(
+    ...     [{"relation": "R", "row": {"k": 1, "v": "x"}, "sign": 1}])
+    True
+    >>> content_digest([{"a": 1}, {"b": 2.5}], slice_size=1) == hashlib.sha256(b'[{"a":1},{"b":2.5}]').hexdigest()
+    True
+    """
+    digest = hashlib.sha256(b"[")
+    for start in range(0, len(changes), slice_size):
+        if start:
+            digest.update(b",")
+        digest.update(_CANONICAL.encode(list(changes[start : start + slice_size]))[1:-1].encode("ascii"))
+    digest.update(b"]")
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -217,26 +258,38 @@ class Catalog:
             s.delete(row)
 
     # -- the update log ------------------------------------------------------------------
-    def append_updates(self, source: str, updates: Iterable[tuple[int, list[dict], str | None, float | None]]) -> list[LogEntry]:
-        """Store updates not stored yet (idempotent on (source, seq)); returns the new entries."""
+    def append_updates(self, source: str, updates: Sequence[NewUpdate]) -> list[LogEntry]:
+        """Store the updates not stored yet (idempotent on (source, seq) and content); returns
+        the new entries. SeqConflict, storing none of them, if one's seq is stored with other
+        content (rows logged without a digest are digested from their stored changes)."""
         now = time.time()
-        added: list[LogEntry] = []
         with Session(self.engine) as s, s.begin():
-            wanted = {seq: (changes, txid, cap) for seq, changes, txid, cap in updates}
-            present = set(
-                s.scalars(select(LogRow.seq).where(LogRow.source == source, LogRow.seq.in_(list(wanted))))
-            )
-            rows = []
-            for seq in sorted(wanted):
-                if seq in present:
-                    continue
-                changes, txid, cap = wanted[seq]
-                row = LogRow(source=source, seq=seq, changes=changes, txid=txid, captured_at=cap, received_at=now)
-                s.add(row)
-                rows.append(row)
+            wanted = {u.seq: u for u in updates}
+            q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
+            stored: dict[int, str | None] = {seq: digest for seq, digest in s.execute(q)}
+            self._check_same_content(s, source, wanted, stored)
+            rows = [
+                LogRow(source=source, seq=u.seq, changes=u.changes, txid=u.txid, captured_at=u.captured_at, received_at=now, digest=u.digest)
+                for seq, u in sorted(wanted.items())
+                if seq not in stored
+            ]
+            s.add_all(rows)
             s.flush()
-            added = [LogEntry(r.id, source, r.seq, r.changes, r.captured_at, r.received_at) for r in rows]
-        return added
+            return [LogEntry(r.id, source, r.seq, r.changes, r.captured_at, r.received_at) for r in rows]
+
+    @staticmethod
+    def _check_same_content(s: Session, source: str, wanted: dict[int, NewUpdate], stored: dict[int, str | None]) -> None:
+        undigested = [seq for seq, digest in stored.items() if digest is None]
+        if undigested:
+            q = select(LogRow.seq, LogRow.changes).where(LogRow.source == source, LogRow.seq.in_(undigested))
+            stored.update((seq, content_digest(changes)) for seq, changes in s.execute(q))
+        differing = sorted(seq for seq, digest in stored.items() if digest != wanted[seq].digest)
+        if differing:
+            shown = ", ".join(map(str, differing[:10])) + (f" and {len(differing) - 10} more" if len(differing) > 10 else "")
+            raise SeqConflict(
+                f"source {source!r}: seq {shown} {'was' if len(differing) == 1 else 'were'} received before with other "
+                "content; a seq names one update for good (the stored one stays)"
+            )
 
     def log_entries(self, source: str | None = None, after_seq: int = 0, ids: Sequence[int] | None = None) -> list[LogEntry]:
         with Session(self.engine) as s:
@@ -288,9 +341,18 @@ class Catalog:
             row = s.get(TokenRow, token_id)
             return None if row is None else _token_info(row)
 
-    def tokens(self) -> list[TokenInfo]:
+    def tokens(self, after_id: int = 0) -> list[TokenInfo]:
+        """Every token with an id above ``after_id`` (all of them by default), by id."""
         with Session(self.engine) as s:
-            return [_token_info(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
+            q = select(TokenRow).where(TokenRow.id > after_id).order_by(TokenRow.id)
+            return [_token_info(r) for r in s.scalars(q)]
+
+    def replace_token_hash(self, token_id: int, old: str, new: str) -> bool:
+        """Store ``new`` as the token's hash if it still is ``old`` (an upgrade of the hash
+        scheme, see api.auth); whether it was replaced."""
+        with Session(self.engine) as s, s.begin():
+            done = s.execute(update(TokenRow).where(TokenRow.id == token_id, TokenRow.hash == old).values(hash=new))
+            return done.rowcount == 1
 
     def revoke_token(self, token_id: int) -> TokenInfo:
         """Revoke a token (idempotent: an already revoked token keeps its revocation time)."""
@@ -347,6 +409,6 @@ class StoreRecords:
 
 
 __all__ = [
-    "Catalog", "CatalogError", "LogEntry", "RelationInfo", "StoreRecords",
-    "SourceInfo", "TokenInfo", "UnitInfo", "ViewInfo",
+    "Catalog", "CatalogError", "LogEntry", "NewUpdate", "RelationInfo", "SeqConflict", "StoreRecords",
+    "SourceInfo", "TokenInfo", "UnitInfo", "ViewInfo", "content_digest",
 ]

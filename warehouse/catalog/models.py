@@ -58,6 +58,7 @@ class LogRow(Base):
     txid: Mapped[str | None] = mapped_column(String(100), nullable=True)
     captured_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     received_at: Mapped[float] = mapped_column(Float)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # of the changes; None: logged before 0003
 
 
 class UnitRow(Base):
