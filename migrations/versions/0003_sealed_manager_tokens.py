@@ -9,7 +9,7 @@ so a refused upgrade leaves the catalog as it was (MariaDB cannot roll DDL back)
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2027-01-12
+Create Date: 2026-11-25
 """
 
 import sqlalchemy as sa
