@@ -14,14 +14,14 @@ from warehouse.store.spark import SparkStore
 pytestmark = pytest.mark.spark
 
 
-async def test_environment_words_and_deep_queries_over_http(spark_store: SparkStore, tmp_path, view: str) -> None:
-    manager, _ = await sim_manager(tmp_path, spark_store)
+async def test_environment_words_and_deep_queries_over_http(analyst_store: SparkStore, analysts, tmp_path, view: str) -> None:
+    manager, _ = await sim_manager(tmp_path, analyst_store, analysts=analysts)
     named = f"{view}_u"
     try:
         await manager.define_view(f"CREATE VIEW {view} AS SELECT r.id FROM s1.r", name=view)
         await manager.define_view(f"CREATE VIEW {named} AS SELECT r.id, r.b AS user FROM s1.r", name=named)
-        await settle(manager, spark_store, view)
-        await settle(manager, spark_store, named)
+        await settle(manager, analyst_store, view)
+        await settle(manager, analyst_store, named)
         async with await api_client(manager) as api:
             for sql in (f"SELECT user FROM {view}", f"SELECT `user` FROM {view}", f"SELECT id FROM {view} WHERE user = 'x'"):
                 answer = await api.post("/v1/query", json={"sql": sql})
@@ -30,7 +30,7 @@ async def test_environment_words_and_deep_queries_over_http(spark_store: SparkSt
             # a view column named user is read qualified, and is the column
             answer = await api.post("/v1/query", json={"sql": f"SELECT {named}.user FROM {named} ORDER BY {named}.id", "limit": 100})
             assert answer.status_code == 200, answer.text
-            expected = sorted(spark_store.read_rows(named))
+            expected = sorted(analyst_store.read_rows(named))
             assert [r[0] for r in answer.json()["rows"]] == [b for _, b in expected]
             answer = await api.post("/v1/query", json={"sql": f"SELECT u.user FROM {named} AS u WHERE u.user >= 0"})
             assert answer.status_code == 200 and len(answer.json()["rows"]) == len(expected)

@@ -317,8 +317,11 @@ SPARK_DEFAULTS: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     # cancelled tasks are watched (local mode only logs those that ignore their interrupt;
-    # ``watch_jvm`` ends the process for them)
+    # ``watch_jvm`` ends the process for them), and the status tracker that ``zombie_tasks``
+    # reads is kept current: by default Spark writes an executor's running-task count only
+    # every few seconds, and a stale count would look like a task that never stopped
     "spark.task.reaper.enabled": "true",
+    "spark.ui.liveUpdate.period": "0",
     "spark.log.level": "ERROR",
 }
 
