@@ -88,11 +88,11 @@ def open_store(
 
         return MemoryStore()
     from warehouse.catalog.db import Catalog, StoreRecords
-    from warehouse.store.file_access import STORE_FILES
+    from warehouse.store.file_access import store_files
     from warehouse.store.spark import SparkStore
     from warehouse.store.spark_session import get_spark
 
-    spark_dir = STORE_FILES.make_dir(data_dir / "spark")
+    spark_dir = store_files().make_dir(data_dir / "spark")
     spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
 
@@ -133,19 +133,29 @@ def analyst_settings(args: argparse.Namespace, spark_conf: dict[str, str]):
     )
 
 
-def secure_data_dir(data_dir: Path) -> None:
+def secure_data_dir(data_dir: Path, analyst_user: str | None = None) -> None:
     """Owner-only from here on: the umask for everything this process (Spark's JVM included)
     creates, and the modes of what an earlier run left: the data directory 0700, the catalog
-    key and the admin token file 0600, the view store's files ``STORE_FILES``. (An SQLite
-    catalog file sees to its own, wherever it is.)"""
+    key and the admin token file 0600, the view store's files ``store_files()``. (An SQLite
+    catalog file sees to its own, wherever it is.) With ``analyst_user`` (``--analyst-user``)
+    the store is readable by that user's group, which may pass through the data directory
+    (0710) but read nothing else in it."""
+    import grp
+    import pwd
+
     from warehouse.catalog.secrets import KEY_FILE
-    from warehouse.file_modes import PRIVATE, restrict_umask
-    from warehouse.store.file_access import STORE_FILES
+    from warehouse.file_modes import PRIVATE, FileModes, restrict_umask
+    from warehouse.store.file_access import share_with_group, store_files
 
     restrict_umask()
-    PRIVATE.make_dir(data_dir)
+    if analyst_user is None:
+        PRIVATE.make_dir(data_dir)
+    else:
+        group = grp.getgrgid(pwd.getpwnam(analyst_user).pw_gid).gr_name
+        share_with_group(group)
+        FileModes(dir_mode=0o710, file_mode=0o600, group=group).make_dir(data_dir)
     PRIVATE.secure(data_dir / KEY_FILE, data_dir / ADMIN_TOKEN_FILE)
-    STORE_FILES.secure(data_dir / "spark")
+    store_files().secure(data_dir / "spark")
 
 
 def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None = None) -> None:
@@ -187,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
-    secure_data_dir(args.data_dir)
+    secure_data_dir(args.data_dir, args.analyst_user if args.store == "spark" else None)
     url = catalog_url(args.data_dir, args.catalog)
     key_file = key_file_for(url, args.data_dir)
     announce_first_admin_token(url, args.data_dir, key_file)

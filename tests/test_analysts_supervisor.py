@@ -83,3 +83,39 @@ def test_records_keep_the_newest_per_view(tmp_path) -> None:
     assert process._records == {"v": {"watermark": 99}}
     assert process._pending == {"v": {"watermark": 99}, "gone": None}
     assert not process.shown()  # not ready: nothing has reached a process
+
+
+def test_an_analyst_user_may_read_the_store_and_nothing_else(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pvm serve --analyst-user``: the store group-readable by that user's group, the data
+    directory passable but not listable, the catalog's key and the admin token private."""
+    import grp
+    import os
+    import stat
+
+    from pvm.serve import ADMIN_TOKEN_FILE, secure_data_dir
+    from warehouse.catalog.secrets import KEY_FILE
+    from warehouse.store import file_access
+
+    group = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
+    data = tmp_path / "data"
+    (data / "spark" / "views" / "v").mkdir(parents=True)
+    (data / "spark" / "views" / "v" / "part-0.parquet").write_text("rows")
+    (data / KEY_FILE).write_text("key")
+    (data / ADMIN_TOKEN_FILE).write_text("token")
+    monkeypatch.setattr(file_access, "_store_files", file_access.OWNER_ONLY)
+    umask = os.umask(0o022)
+    try:
+        secure_data_dir(data, "nobody")
+        assert file_access.spark_settings() == {"spark.hadoop.fs.permissions.umask-mode": "027"}
+    finally:
+        os.umask(umask)
+
+    def mode(path):
+        st = os.stat(path)
+        return stat.S_IMODE(st.st_mode), grp.getgrgid(st.st_gid).gr_name
+
+    assert mode(data) == (0o2710, group)
+    assert mode(data / "spark" / "views" / "v") == (0o2750, group)
+    assert mode(data / "spark" / "views" / "v" / "part-0.parquet") == (0o640, group)
+    assert stat.S_IMODE(os.stat(data / KEY_FILE).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(data / ADMIN_TOKEN_FILE).st_mode) == 0o600

@@ -60,7 +60,7 @@ from pyspark.sql.types import (
 )
 
 from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
-from warehouse.store.file_access import STORE_FILES
+from warehouse.store.file_access import store_files
 from warehouse.zset import Row, ZSet
 
 WEIGHT = "_w"
@@ -178,8 +178,8 @@ class JsonStoreCatalog:
                 self._write()
 
     def _write(self) -> None:
-        STORE_FILES.make_dir(self._path.parent)
-        tmp = STORE_FILES.create_file(self._path.with_suffix(".tmp"))
+        store_files().make_dir(self._path.parent)
+        tmp = store_files().create_file(self._path.with_suffix(".tmp"))
         with open(tmp, "w") as f:
             json.dump(self._records, f, indent=1, sort_keys=True)
             f.flush()
@@ -470,13 +470,13 @@ def _order_span(meta: pq.FileMetaData) -> tuple[int, int] | None:
 
 def _link(files: Sequence[str], location: str) -> None:
     """Put immutable data files into another table version without copying their bytes."""
-    STORE_FILES.make_dir(Path(location))
+    store_files().make_dir(Path(location))
     for file in files:
         target = os.path.join(location, os.path.basename(file))
         try:
             os.link(file, target)
         except OSError:  # another file system, or one without hard links
-            shutil.copyfile(file, STORE_FILES.create_file(Path(target)))
+            shutil.copyfile(file, store_files().create_file(Path(target)))
 
 
 def _remove(*locations: str) -> None:
@@ -572,7 +572,7 @@ class SparkStore:
         return _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
 
     def _register(self, table: str, location: str, schema: StructType) -> None:
-        STORE_FILES.make_dir(Path(location))
+        store_files().make_dir(Path(location))
         self._spark.sql(f"DROP TABLE IF EXISTS {table}")
         self._spark.catalog.createTable(table, path=location, source="parquet", schema=schema)
 
@@ -948,4 +948,4 @@ class SparkStore:
             zlog = self._read(codec.zlog_schema, after).where(F.col(ORDER) > bound)
             zlog.write.mode("overwrite").parquet(new_zlog)
         else:
-            STORE_FILES.make_dir(Path(new_zlog))
+            store_files().make_dir(Path(new_zlog))

@@ -74,7 +74,7 @@ def get_spark(
     ``master`` defaults to an embedded ``local[*]`` session; give a ``spark://…`` URL to run
     on a cluster. ``warehouse_dir`` should sit under the service's data directory so that
     nothing lands in the working directory. The driver's ports listen on ``host``
-    (``bind_settings``) and the store's files get the modes of ``file_access.STORE_FILES``.
+    (``bind_settings``) and the store's files get the modes of ``file_access.store_files()``.
     ``conf`` overrides all of these (tests use it to pin ``spark.sql.shuffle.partitions``, a
     deployment may set ``spark.driver.host``). Arguments of later calls are ignored: the
     session, its master and its static settings are fixed for the life of the process.
