@@ -3,8 +3,8 @@
 Every app gets its own ``CollectorRegistry`` (never the process-wide default), so several
 managers in one process (tests, the demo) do not collide. Nothing is counted twice: the
 collector reads the receiver, the protocol state and each view's ``ViewCounters`` when
-``/metrics`` is scraped. Histograms are built from the maintainers' lists of observations,
-reading only what was appended since the previous scrape.
+``/metrics`` is scraped; the histograms are the counters' own running bucket counts
+(``warehouse/counters.py``), updated when observed.
 
 Scrapes run on the manager's event loop, like maintenance itself, so they see consistent
 counters without locks.
@@ -21,51 +21,12 @@ from prometheus_client.registry import Collector
 
 from warehouse.manager import view_progress
 
-SUBQUERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 STATES = ("initializing", "active", "failed")
-
-
-class _Histogram:
-    """Cumulative bucket counts over a list that only grows; a new list (a view dropped and
-    defined again) starts over."""
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-        self.seen = 0
-        self.source_id = 0
-
-    def update(self, values: list[float]) -> None:
-        if id(values) != self.source_id or len(values) < self.seen:
-            self.__init__(self.bounds)  # type: ignore[misc]
-            self.source_id = id(values)
-        for v in values[self.seen :]:
-            i = next((k for k, b in enumerate(self.bounds) if v <= b), len(self.bounds))
-            self.counts[i] += 1
-            self.total += v
-        self.seen = len(values)
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
-            running += count
-            out.append((bound, running))
-        return out
 
 
 class ManagerCollector(Collector):
     def __init__(self, manager: Any) -> None:
         self.manager = manager
-        self._histograms: dict[tuple[str, ...], _Histogram] = {}
-
-    def _histogram(self, key: tuple[str, ...], bounds: Sequence[float], values: list[float]) -> _Histogram:
-        h = self._histograms.get(key)
-        if h is None:
-            h = self._histograms[key] = _Histogram(bounds)
-        h.update(values)
-        return h
 
     def collect(self) -> Iterator[Metric]:
         m = self.manager
@@ -160,13 +121,9 @@ class ManagerCollector(Collector):
             state = handle.info.state
             for s in dict.fromkeys((*STATES, state)):
                 families["state"].add_metric([name, s], 1.0 if s == state else 0.0)
-            for source, seconds in sorted(c.subquery_seconds.items()):
-                h = self._histogram(("subquery", name, source), SUBQUERY_BUCKETS, seconds)
-                subquery.add_metric([name, source], h.buckets(), h.total)
-            h = self._histogram(("groups", name), GROUP_BUCKETS, c.commit_groups)
-            groups.add_metric([name], h.buckets(), h.total)
-        live = {k for k in self._histograms if k[1] in m.views}
-        self._histograms = {k: v for k, v in self._histograms.items() if k in live}
+            for source, histogram in sorted(c.subquery_seconds.items()):
+                subquery.add_metric([name, source], histogram.buckets(), histogram.total)
+            groups.add_metric([name], c.group_sizes.buckets(), c.group_sizes.total)
         yield from families.values()
         yield subquery
         yield groups

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
+from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
 from warehouse.sources import SourceClient, SourceError
@@ -96,22 +97,6 @@ class Retry:
     attempts: int
     error: str
     since: float  # wall-clock time of the first failure
-
-
-@dataclass
-class ViewCounters:
-    updates_received: int = 0
-    units_started: int = 0
-    units_maintained: int = 0
-    units_committed: int = 0
-    subqueries: int = 0
-    compensations: int = 0
-    commit_groups: list[int] = field(default_factory=list)
-    peak_running: int = 0
-    commit_wait_seconds: list[float] = field(default_factory=list)  # effect ready -> committed
-    last_commit_at: float | None = None
-    subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
-    retries: int = 0  # attempts repeated after a transient fault
 
 
 class ViewMaintainer:
@@ -284,7 +269,8 @@ class ViewMaintainer:
         self.counters.subqueries += stats.subqueries
         self.counters.compensations += stats.compensations
         for source, seconds in stats.subquery_seconds.items():
-            self.counters.subquery_seconds.setdefault(source, []).extend(seconds)
+            for value in seconds:
+                self.counters.subquery(source, value)
         self.protocol.finish(unit)
         self.progress_at = time.monotonic()
         self.counters.units_maintained += 1
@@ -385,10 +371,11 @@ class ViewMaintainer:
         now = time.perf_counter()
         for o in group:
             del self._ready[o]
-            self.counters.commit_wait_seconds.append(now - self._ready_at.pop(o))
+            self.counters.commit_wait.observe(now - self._ready_at.pop(o))
         self.progress_at = time.monotonic()
         self.counters.units_committed += len(group)
-        self.counters.commit_groups.append(effects)
+        self.counters.commit_groups += 1
+        self.counters.group_sizes.observe(effects)
         self.counters.last_commit_at = time.time()
 
     async def _publish(self) -> None:

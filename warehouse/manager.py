@@ -533,7 +533,7 @@ class Manager:
                 "units_committed": c.units_committed,
                 "subqueries": c.subqueries,
                 "compensations": c.compensations,
-                "commit_groups": len(c.commit_groups),
+                "commit_groups": c.commit_groups,
                 "peak_running": c.peak_running,
                 "retries": c.retries,
             },

@@ -87,6 +87,7 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
     from rich.progress import Progress
 
     from pvm.local import LocalDeployment
+    from warehouse.counters import SECONDS_BUCKETS, Histogram
 
     rng = random.Random(args.seed)
     m, n = args.sources, args.updates
@@ -124,7 +125,7 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                         maintainer = manager.view(name).maintainer
                         manager.pause_view(name)
                         await queue_updates(deployment, paths, n, rng, domain)
-                        maintainer.counters.commit_wait_seconds.clear()
+                        maintainer.counters.commit_wait = Histogram(SECONDS_BUCKETS)
                         started = time.perf_counter()
                         await manager.resume_view(name)
                         await manager.wait_idle(name, timeout=3600)
@@ -133,7 +134,7 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                             raise CliError(f"maintenance failed: {maintainer.failed}")
                         if maintainer.counters.units_committed < n + 1:
                             raise CliError(f"expected {n} updates maintained at p={p}, got {maintainer.counters.units_committed - 1}")
-                        waits[mode, p] = sum(maintainer.counters.commit_wait_seconds) / n
+                        waits[mode, p] = maintainer.counters.commit_wait.total / n
                         await manager.drop_view(name)
                         progress.update(task, advance=1, description=f"T({p}) {mode} = {seconds[mode, p]:.2f} s")
     capacity = m * args.per_source_queries

@@ -504,7 +504,6 @@ class SparkStore:
         self._lock = threading.Lock()  # guards the _views dict and the listeners only
         self._views: dict[str, _View] = {}
         self._listeners: list[Listener] = []
-        self.commit_groups: list[int] = []  # sizes, as MemoryStore records them
         self._spark.sql(f"CREATE DATABASE IF NOT EXISTS {VERSIONS_DB}")
         for view in self._catalog.views():
             record = self._catalog.load(view)
@@ -754,7 +753,6 @@ class SparkStore:
                 # the version table: the stable one moves only after a compaction's swap
                 frame.coalesce(1).write.insertInto(self._version_tables(view, state.meta)[1])
                 state.zlog_orders.update(fresh)
-            self.commit_groups.append(len(effects))
 
     def publish(self, view: str, watermark: int) -> None:
         """Record W: readers' default state (``PublishedViews`` shows it to analysts)."""
