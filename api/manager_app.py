@@ -30,6 +30,7 @@ from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop,
 from api.metrics import registry_for, render
 from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, wrapper_url_problem
 from warehouse.analysts.supervisor import AnalystError
+from warehouse.protocol import DEFAULT_BATCH_SIZE
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
 from warehouse.receiver import ReceiveError
@@ -155,7 +156,13 @@ class ViewIn(BaseModel):
     )
     name: str | None = Field(default=None, max_length=64, pattern=NAME, examples=["order_customers"])
     parallelism: int = Field(default=4, ge=1, le=256, description="PPU size p; 1 is SWEEP")
-    batch_size: int = Field(default=1, ge=1, le=10_000, description="queued updates of one source per unit")
+    batch_size: int = Field(
+        default=DEFAULT_BATCH_SIZE,
+        ge=1,
+        le=10_000,
+        description="at most this many queued updates of one source per unit: a backlog is spread over the free PPU "
+        "slots and maintained set-oriented; 1 maintains one update per unit",
+    )
     commit_mode: Literal["out_of_order", "arrival"] = Field(
         default="out_of_order", description="`out_of_order` (PVM) or `arrival` (PVM-CC: raw tables hold legal states only)"
     )
@@ -187,7 +194,7 @@ VIEW_EXAMPLE = {
     "error": None,
     "sql": "CREATE VIEW big_orders AS SELECT o.id, c.name, o.qty FROM shop.orders o, crm.customers c WHERE o.customer_id = c.id AND o.qty > 3",
     "parallelism": 4,
-    "batch_size": 1,
+    "batch_size": 1000,
     "commit_mode": "out_of_order",
     "watermark": 318,
     "paused": False,

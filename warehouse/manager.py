@@ -26,7 +26,7 @@ from warehouse.deltas import DeltaExtractor
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings
 from warehouse.plan import ViewPlan
-from warehouse.protocol import Switches, Unit, ViewProtocol, ViewUpdate
+from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
@@ -273,7 +273,7 @@ class Manager:
         sql: str,
         name: str | None = None,
         parallelism: int = 4,
-        batch_size: int = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         commit_mode: str = "out_of_order",
     ) -> ViewInfo:
         if not 1 <= parallelism <= 256:
@@ -308,10 +308,7 @@ class Manager:
                 del self.views[plan.name]
                 raise
             handle.bases = bases
-            umq = handle.maintainer.protocol.umq
-            kept = [u for u in umq if u.seq > bases[u.source]]
-            umq.clear()
-            umq.extend(kept)
+            handle.maintainer.protocol.drop_queued(bases)
             handle.maintainer.start()
             await handle.maintainer.begin_initial_load()
             return info

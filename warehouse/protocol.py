@@ -48,12 +48,16 @@ compensate when an answer arrives, and the answer is decided by the state at tha
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from warehouse.update_index import SourceRuns, UpdateQueue
 from warehouse.zset import ZSet
+
+DEFAULT_BATCH_SIZE = 1000
+"""A view's ``batch_size`` unless defined with one: units take a backlog set-oriented."""
 
 INITIAL_TERM = -1
 """The term of the initial load: it reads every relation, so every update ordered after
@@ -123,10 +127,10 @@ class Switches:
 @dataclass
 class ViewProtocol:
     parallelism: int
-    batch_size: int = 1
+    batch_size: int = 1  # at most this many queued updates per unit (1: no batching)
     next_order: int = 1
     switches: Switches = field(default_factory=Switches)
-    umq: deque[ViewUpdate] = field(default_factory=deque)
+    umq: UpdateQueue = field(default_factory=UpdateQueue)
     ppu: dict[int, Unit] = field(default_factory=dict)
     rpu: dict[int, Unit] = field(default_factory=dict)
     waiting: dict[int, Unit] = field(default_factory=dict)
@@ -135,6 +139,8 @@ class ViewProtocol:
     watermark: int = 0
     # numbered units not visible at W yet: order -> when the oldest of their updates arrived
     arrived: dict[int, float] = field(default_factory=dict)
+    # every update compensation may need (queued, running, waiting, retained), by source
+    live: SourceRuns = field(default_factory=SourceRuns, repr=False)
 
     # -- AssignTimeStamp: an update arrives ----------------------------------------------
     def receive(self, update: ViewUpdate) -> None:
@@ -142,24 +148,54 @@ class ViewProtocol:
             self.shelf.add(update)
         else:
             self.umq.append(update)
+            self.live.add(update)
+
+    def drop_queued(self, reflected: Mapping[str, int]) -> None:
+        """Forget queued updates with ``seq <= reflected[source]``: a new view's initial load
+        reads its sources as of those seqs, so it already holds their effects.
+
+        >>> p = ViewProtocol(parallelism=1)
+        >>> for seq in (1, 2, 3):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {}))
+        >>> p.drop_queued({"s": 2}); [u.seq for u in p.umq]
+        [3]
+        """
+        dropped = [u for u in self.umq if u.seq <= reflected.get(u.source, 0)]
+        kept = [u for u in self.umq if u.seq > reflected.get(u.source, 0)]
+        self.live.discard(dropped)
+        self.umq.clear()
+        for update in kept:
+            self.umq.append(update)
 
     # -- MaintenanceManager: UMQ -> PPU ----------------------------------------------------
     def can_start(self) -> bool:
         return bool(self.waiting or self.umq) and len(self.ppu) < self.parallelism
 
     def start(self) -> Unit:
-        """Move the front of the UMQ (and up to batch_size-1 more queued updates of the same
-        source, keeping that source's order) into the PPU with the next order number."""
-        first = self.umq.popleft()
-        batch = [first]
-        if self.batch_size > 1:
-            rest: deque[ViewUpdate] = deque()
-            while self.umq and len(batch) < self.batch_size:
-                u = self.umq.popleft()
-                (batch if u.source == first.source else rest).append(u)
-            rest.extend(self.umq)
-            self.umq = rest
-        return self._number(Unit(self.next_order, tuple(batch)))
+        """Move the front of the UMQ, with more queued updates of the same source (in their
+        order) as ``batch`` decides, into the PPU with the next order number."""
+        source = self.umq.front().source
+        batch = self.umq.take(source, self.batch(source))
+        unit = self._number(Unit(self.next_order, tuple(batch)))
+        self.live.number(batch, unit.order)
+        return unit
+
+    def batch(self, source: str) -> int:
+        """How many queued updates of ``source`` the next unit takes: the queue spread over
+        the free PPU slots, at most ``batch_size``. A queue no longer than the free slots runs
+        one update per unit, each in parallel (PVM); a longer one is maintained set-oriented
+        (Park's token sets), so a backlog costs a few subqueries per unit instead of a few per
+        update, and its length never piles up compensation. ``batch_size`` 1 is PVM as the
+        paper runs it.
+
+        >>> p = ViewProtocol(parallelism=4, batch_size=100)
+        >>> for seq in range(1, 11):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {}))
+        >>> p.batch("s"), len(p.start().updates), len(p.start().updates)  # 10 over 4 free slots, then 7 over 3
+        (3, 3, 3)
+        """
+        free = max(1, self.parallelism - len(self.ppu))
+        return max(1, min(self.batch_size, math.ceil(len(self.umq) / free)))
 
     def start_initial(self) -> Unit:
         return self._number(Unit(self.next_order, (), initial=True))
@@ -190,32 +226,27 @@ class ViewProtocol:
         reflects but that are ordered after term ``term`` of ``unit``."""
         if not self.switches.compensation:
             return []
-        mine = (unit.order, term)
-        later = [u for v in self._numbered() if (v.order, position) > mine for u in v.updates]
-        later.extend(self.umq)  # queued: later than every numbered unit
-        return [
-            u.deltas[position]
-            for u in later
-            if u.source == source and u.seq <= watermark and position in u.deltas
-        ]
-
-    def _numbered(self) -> Iterator[Unit]:
-        yield from self.ppu.values()
-        yield from self.waiting.values()
-        yield from self.rpu.values()
+        orders, updates = self.live.run(source, unit.order, watermark)
+        # the run starts at the unit's own updates: those of earlier terms are kept (the
+        # chain rule); every later order, queued ones included (+inf), is subtracted
+        own = bisect.bisect_right(orders, unit.order)
+        first = own if position <= term else 0
+        deltas = (u.deltas.get(position) for u in updates[first:])
+        return [d for d in deltas if d is not None]
 
     # -- ViewChange done: PPU -> RPU, clean up the RPU -------------------------------------
     def finish(self, unit: Unit) -> None:
         del self.ppu[unit.order]
         if self.switches.retention:
             self.rpu[unit.order] = unit
+        else:
+            self.live.discard(unit.updates)
         self._clean_rpu()
 
     def retain(self, unit: Unit) -> None:
         """Put a unit finished before a restart into the RPU (recovery)."""
         self.rpu[unit.order] = unit
-        self.next_order = max(self.next_order, unit.order + 1)
-        self._arrived(unit)
+        self._known(unit)
 
     def _clean_rpu(self) -> None:
         """Definition 2: a processed unit is unrelated once no unit with a smaller order
@@ -223,7 +254,7 @@ class ViewProtocol:
         compensation any more."""
         oldest_running = min((*self.ppu, *self.waiting), default=None)
         for order in [o for o in self.rpu if oldest_running is None or o < oldest_running]:
-            del self.rpu[order]
+            self.live.discard(self.rpu.pop(order).updates)
 
     # -- faults and restarts: numbered units that wait for a PPU slot ----------------------
     def recover(self, units: Iterable[Unit]) -> None:
@@ -244,8 +275,15 @@ class ViewProtocol:
         """
         for unit in units:
             self.waiting[unit.order] = unit
-            self.next_order = max(self.next_order, unit.order + 1)
-            self._arrived(unit)
+            self._known(unit)
+
+    def _known(self, unit: Unit) -> None:
+        """A unit numbered before a restart: new units are numbered after it, and its
+        updates count for compensation."""
+        self.next_order = max(self.next_order, unit.order + 1)
+        self._arrived(unit)
+        for update in unit.updates:
+            self.live.add(update, unit.order)
 
     def set_aside(self, unit: Unit) -> None:
         """Take a unit whose maintenance failed out of the PPU; it waits, numbered, until
@@ -271,6 +309,7 @@ class ViewProtocol:
         self.shelf = earlier or Shelf()
         for update in self.umq:
             self.shelf.add(update)
+        self.live.discard(self.umq)
         self.umq.clear()
 
     def unshelve(self) -> Shelf | None:
@@ -287,7 +326,9 @@ class ViewProtocol:
         for update in self.umq:
             first_queued.setdefault(update.source, update.seq)
         older = [u for u in logged if u.seq < first_queued.get(u.source, math.inf)]
-        self.umq.extendleft(reversed(older))
+        self.umq.prepend(older)
+        for update in older:
+            self.live.add(update)
 
     # -- CommitManager: W -------------------------------------------------------------------
     def mark_committed(self, orders: Iterable[int]) -> int:
@@ -303,10 +344,12 @@ class ViewProtocol:
     def oldest_invisible(self) -> float | None:
         """When the oldest update not visible at W arrived: queued, running, or maintained
         (even committed out of order) above W. None when every received update is visible."""
-        queued = [u.received_at for u in self.umq if u.received_at is not None]
-        if self.shelf is not None and self.shelf.oldest is not None:
+        # the UMQ's front arrived first (an update released after a gap in its source's seqs
+        # may have been received before it: until it reaches the front, the lag reads it young)
+        queued = [self.umq.oldest_received()]
+        if self.shelf is not None:
             queued.append(self.shelf.oldest)
-        return min((*self.arrived.values(), *queued), default=None)
+        return min((*self.arrived.values(), *(t for t in queued if t is not None)), default=None)
 
     @property
     def queued(self) -> int:

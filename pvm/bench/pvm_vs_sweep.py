@@ -120,7 +120,7 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                 for p in ps:
                     for mode in modes:
                         name = f"chain_p{p}_{mode}"
-                        await manager.define_view(chain_view(name, m, p), parallelism=p, commit_mode=mode)
+                        await manager.define_view(chain_view(name, m, p), parallelism=p, batch_size=1, commit_mode=mode)  # as the paper runs it
                         await manager.wait_idle(name, timeout=600)
                         maintainer = manager.view(name).maintainer
                         manager.pause_view(name)

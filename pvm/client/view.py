@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pvm.cli import CliError
 from pvm.client import Api, connection_options, done, print_fields, print_json, print_table
+from warehouse.protocol import DEFAULT_BATCH_SIZE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sql.add_argument("--file", type=Path, help="a file holding the view's SQL")
     define.add_argument("--name", default=None, help="the view's name (default: from CREATE VIEW)")
     define.add_argument("--parallelism", type=int, default=4, help="PPU size p; 1 is SWEEP (default: 4)")
-    define.add_argument("--batch-size", type=int, default=1, help="queued updates of one source per unit (default: 1)")
+    define.add_argument(
+        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+        help=f"at most this many queued updates of one source per unit; a backlog is spread over the free PPU slots (default: {DEFAULT_BATCH_SIZE}; 1: one update per unit)",
+    )
     define.add_argument("--commit-mode", choices=["out_of_order", "arrival"], default="out_of_order", help="PVM (out_of_order, default) or PVM-CC (arrival)")
     define.add_argument("--wait", action="store_true", help="show progress until the initial load is committed")
     define.add_argument("--wait-timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds (default: 3600)")
