@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
+import queue
 import random
 import sqlite3
 import tempfile
@@ -105,6 +107,46 @@ def measure(args: argparse.Namespace, data_dir: Path) -> dict:
     if not args.skip_freshness:
         figures["freshness"] = asyncio.run(Freshness(args, data_dir, store, console).run())
     return figures
+
+
+# -- the writer process --------------------------------------------------------------------------------
+def write_transactions(paths: dict[str, str], rows: int, rate: float, seconds: float, seed: int, markers) -> None:
+    """Commit ``rate`` transactions a second for ``seconds`` into the three sources, each on
+    its own schedule slot; put every marker on ``markers`` as ``(kind, key, commit time)``,
+    then ``("done", figures, None)``. Runs in a process of its own."""
+    rng = random.Random(seed)
+    connections = {s: sqlite3.connect(p, timeout=30) for s, p in paths.items()}
+    total = int(rate * seconds)
+    next_order = rows
+    late = 0.0
+    started = time.monotonic()
+    try:
+        for i in range(total):
+            target = started + i / rate
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                late = max(late, -delay)
+            source = ("shop", "crm", "inventory")[i % 3]
+            db = connections[source]
+            if source == "shop":
+                next_order += 1
+                with db:
+                    db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_order, rng.randint(1, rows), rng.randint(1, rows), rng.randint(1, 5)))
+                markers.put(("order", next_order, time.time()))
+            else:
+                key = rng.randint(1, rows)
+                name = f"{source[0]}{key}-t{i}"
+                table = SCHEMAS[source][0]
+                with db:
+                    db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, key))  # fixed names
+                markers.put(("name", (name, (source, key)), time.time()))
+    finally:
+        elapsed = time.monotonic() - started
+        for db in connections.values():
+            db.close()
+    markers.put(("done", {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late}, None))
 
 
 # -- freshness ---------------------------------------------------------------------------------------
@@ -282,43 +324,38 @@ class Freshness:
         return paths
 
     def _write(self, paths: dict[str, Path]) -> dict:
-        """Commit transactions on a fixed schedule; returns what was achieved."""
-        connections = {s: sqlite3.connect(p, timeout=30) for s, p in paths.items()}
-        n, rng, ledger = self.args.rows, self.rng, self.ledger
-        total = int(self.args.rate * self.args.seconds)
-        next_order = n
-        late = 0.0
-        started = time.monotonic()
+        """Commit transactions on a fixed schedule in a writer process of its own (a thread
+        here would share the manager's interpreter with it); returns what was achieved. The
+        writer reports each marker with its commit time as it goes."""
+        context = multiprocessing.get_context("spawn")
+        markers = context.Queue()
+        writer = context.Process(
+            target=write_transactions,
+            args=({s: str(p) for s, p in paths.items()}, self.args.rows, self.args.rate, self.args.seconds, self.args.seed, markers),
+            name="bench-writer",
+            daemon=True,
+        )
+        writer.start()
+        ledger = self.ledger
         try:
-            for i in range(total):
-                target = started + i / self.args.rate
-                delay = target - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                else:
-                    late = max(late, -delay)
-                source = ("shop", "crm", "inventory")[i % 3]
-                db = connections[source]
-                if source == "shop":
-                    next_order += 1
-                    with db:
-                        db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_order, rng.randint(1, n), rng.randint(1, n), rng.randint(1, 5)))
-                    with ledger.lock:
-                        ledger.orders[next_order] = Marker(time.time(), ("shop", next_order))
-                else:
-                    key = rng.randint(1, n)
-                    name = f"{source[0]}{key}-t{i}"
-                    table = SCHEMAS[source][0]
-                    with db:
-                        db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, key))  # fixed names
-                    with ledger.lock:
-                        ledger.names[name] = Marker(time.time(), (source, key))
-                        ledger.latest[(source, key)] = name
+            while True:
+                try:
+                    kind, key, at = markers.get(timeout=5)
+                except queue.Empty:
+                    if not writer.is_alive():
+                        raise CliError(f"the writer process ended with code {writer.exitcode}") from None
+                    continue
+                with ledger.lock:
+                    if kind == "order":
+                        ledger.orders[key] = Marker(at, ("shop", key))
+                    elif kind == "name":
+                        name, row = key
+                        ledger.names[name] = Marker(at, tuple(row))
+                        ledger.latest[tuple(row)] = name
+                    else:
+                        return key  # "done": the writer's figures
         finally:
-            elapsed = time.monotonic() - started
-            for db in connections.values():
-                db.close()
-        return {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late}
+            writer.join(timeout=30)
 
     def _all_pending_superseded(self) -> bool:
         with self.ledger.lock:
