@@ -7,15 +7,15 @@ Two measurements in one run, on one Spark session:
    the same store (``warehouse.store.bench.bench_commit``).
 2. **Freshness.** A whole deployment (three SQLite sources with trigger capture and their
    wrapper processes, the manager, the Spark store with background compaction) maintains a
-   three-way join view while one writer commits source transactions at a steady ``--rate``
-   spread round-robin over the three sources: new orders in ``shop``, renamed customers in
+   three-way join view while a writer process commits source transactions at a steady
+   ``--rate`` spread round-robin over the three sources: new orders in ``shop``, renamed customers in
    ``crm``, renamed products in ``inventory``. A transaction's freshness is the time from its
    commit at the source to the moment its row is visible to Spark SQL readers: the end of the
    first publish of a watermark W that covers it (after which every query of the view sees
    it). The transaction is traced to its maintenance unit through the manager's update log
    (each transaction leaves a marker, an order id or a new name, in its changes).
-   Independently, a reader polls the view with Spark SQL as an analyst would and records when
-   it first sees each marker: an upper bound (by at most one poll period) that cross-checks
+   Independently, a reader polls the view with Spark SQL as an analyst would (a REST query, run
+   by the analysts' query process) and records when it first sees each marker: an upper bound (by at most one poll period) that cross-checks
    the publish instants. A rename overwritten by a later rename of the same row before the
    reader saw it may legally never be seen by a poller (readers see states as of W, not every
    state in between): such markers are counted, not timed, in the polled figures.
