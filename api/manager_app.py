@@ -745,10 +745,10 @@ def _view_routes(manager: Manager) -> APIRouter:
         ):
             return cached[3], cached[0]
         started = time.monotonic()
-        try:
-            contents = await asyncio.to_thread(manager.read, name, watermark)
-            rows: int | None = sum(w for _, w in contents.items() if w > 0)
-        except Exception:  # a view being dropped or failed: no count rather than an error
+        rows: int | None
+        try:  # counted where the rows are read (the analysts' query process), not here
+            rows = (await manager.read_page(name, watermark, False, 0, 0, "view status"))[2]
+        except Exception:  # a view being dropped or failed, a busy query process: no count
             rows = None
         counts[name] = (watermark, time.monotonic(), time.monotonic() - started, rows)
         return rows, watermark

@@ -120,3 +120,38 @@ async def test_query_needs_the_spark_store(tmp_path) -> None:
             assert "Spark" in answer.json()["detail"]
     finally:
         await manager.stop()
+
+
+async def test_row_pages_are_read_by_the_query_process_never_the_manager(
+    analyst_store: SparkStore, analysts, tmp_path, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /rows?limit=1`` read a whole view into the manager under its commit lock: now the
+    analysts' query process sorts and cuts the page from the store's files."""
+    manager, sources = await sim_manager(tmp_path, analyst_store, seed=4, analysts=analysts)
+    try:
+        await manager.define_view(join_sql(view), name=view, parallelism=2)
+        rng = random.Random(4)
+        for _ in range(10):
+            change(sources[rng.choice(["s1", "s2"])], rng)
+            for s in sources.values():
+                await s.ship()
+        await settle(manager, analyst_store, view)
+        expected = sorted(analyst_store.read_rows(view))
+        assert len(expected) > 3
+
+        def no_whole_view(*args, **kwargs):
+            raise AssertionError("the manager read the whole view")
+
+        monkeypatch.setattr(SparkStore, "read_rows", no_whole_view)
+        monkeypatch.setattr(SparkStore, "read", no_whole_view)
+        async with await api_client(manager) as api:
+            pages = []
+            for offset in range(0, len(expected), 2):
+                answer = await api.get(f"/v1/views/{view}/rows", params={"limit": 2, "offset": offset})
+                assert answer.status_code == 200, answer.text
+                body = answer.json()
+                assert body["total"] == len(expected) and body["watermark"] == manager.watermark(view)
+                pages += [tuple(r) for r in body["rows"]]
+            assert pages == expected  # sorted by every column, paged without gaps or repeats
+    finally:
+        await manager.stop()

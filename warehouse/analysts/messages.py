@@ -36,7 +36,7 @@ class RowsRequest(BaseModel):
     record: dict[str, Any]
     as_of: int | None
     offset: int = Field(ge=0)
-    limit: int = Field(ge=1)
+    limit: int = Field(ge=0, description="0: the total only")
     tag: str
     max_bytes: int = Field(ge=1)
 

@@ -196,11 +196,11 @@ class Engine:
             page = session.sql(
                 f"SELECT * FROM ({visible_sql('base', 'zlog', meta.columns, request.as_of)}) "
                 f"ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
-            ).toArrow()
+            ).toArrow() if request.limit else None
             total = session.sql(
                 f"SELECT COALESCE(SUM({WEIGHT}), 0) FROM ({sums_sql('base', 'zlog', meta.columns, request.as_of, '> 0')})"
             ).toArrow()
-            rows = [[json_value(v) for v in row] for row in codec.decode(page)]
+            rows = [] if page is None else [[json_value(v) for v in row] for row in codec.decode(page)]
             fitted, cut = _fit(rows, request.max_bytes)
             return RowsResult(columns=list(meta.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut)
 
