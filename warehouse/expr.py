@@ -187,10 +187,70 @@ def _or3(values: list[Any]) -> bool | None:
     return None if any(v is None for v in values) else False
 
 
-def like_regex(pattern: str) -> re.Pattern[str]:
-    """SQL LIKE (``%`` any run, ``_`` one character, no escape) as an anchored regex."""
-    parts = [".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern]
-    return re.compile("".join(parts), re.DOTALL)
+class _LikeSegment:
+    """A piece of a LIKE pattern between two ``%``: literal characters and ``_`` (any one).
+
+    Without ``_`` it is plain text, found with ``str.find``; with ``_`` a regex of literals
+    and ``.`` only, which tries each start position once and never backtracks further than
+    the segment's own length."""
+
+    def __init__(self, text: str) -> None:
+        self.length = len(text)
+        self._text = text
+        self._regex = (
+            re.compile("".join("." if ch == "_" else re.escape(ch) for ch in text), re.DOTALL) if "_" in text else None
+        )
+
+    def matches_at(self, value: str, start: int) -> bool:
+        """Whether ``value[start:start + length]`` is this segment."""
+        if self._regex is None:
+            return value.startswith(self._text, start)
+        return self._regex.fullmatch(value, start, start + self.length) is not None
+
+    def find(self, value: str, start: int, end: int) -> int:
+        """The first position at or after ``start`` where the segment lies within ``value[:end]``; -1 if none."""
+        if self._regex is None:
+            return value.find(self._text, start, end)
+        found = self._regex.search(value, start, end)
+        return -1 if found is None else found.start()
+
+
+class LikeMatcher:
+    """SQL LIKE (``%`` any run, ``_`` one character, case-sensitive, no escape), in time
+    O(len(value) * len(pattern)) whatever the input.
+
+    A regex with one ``.*`` per ``%`` backtracks exponentially on a text that almost
+    matches (``%a%b%c%d%e%f%`` against 2 KB without an ``f``); this splits the pattern at
+    ``%`` instead: the first segment must start the value, the last must end it, and the
+    ones between are found left to right, each at its first fit after the previous one
+    (taking the first fit never loses a match: a later one leaves less room for the rest).
+
+    >>> like = LikeMatcher("ab_%c%")
+    >>> like("abxc"), like("abxyzc!"), like("abc"), like("Abxc")
+    (True, True, False, False)
+    >>> LikeMatcher("%a%b%c%d%e%f%")("ab" * 1000)
+    False
+    """
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._segments = [_LikeSegment(part) for part in pattern.split("%")]
+
+    def __call__(self, value: str) -> bool:
+        first, *rest = self._segments
+        if not rest:  # no %: the whole value is the one segment
+            return len(value) == first.length and first.matches_at(value, 0)
+        *middle, last = rest
+        end = len(value) - last.length
+        if end < first.length or not first.matches_at(value, 0) or not last.matches_at(value, end):
+            return False
+        position = first.length
+        for segment in middle:
+            found = segment.find(value, position, end)
+            if found < 0:
+                return False
+            position = found + segment.length
+        return True
 
 
 def compile_value(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], Any]:
@@ -266,13 +326,13 @@ def compile_predicate(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], b
         arg, negated = compile_value(e.arg, layout), e.negated
         return lambda row: (arg(row) is None) != negated
     if isinstance(e, Like):
-        arg, regex, negated = compile_value(e.arg, layout), like_regex(e.pattern), e.negated
+        arg, matches, negated = compile_value(e.arg, layout), LikeMatcher(e.pattern), e.negated
 
         def like(row: tuple) -> bool | None:
             a = arg(row)
             if a is None:
                 return None
-            return (isinstance(a, str) and regex.fullmatch(a) is not None) != negated
+            return (isinstance(a, str) and matches(a)) != negated
 
         return like
     if isinstance(e, Lit):
