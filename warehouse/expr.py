@@ -9,7 +9,8 @@ A view's WHERE clause becomes a tree of the nodes below. The same tree is
 The Python reading follows SQL's three-valued logic: a comparison with NULL is unknown
 (``None``), ``AND``/``OR``/``NOT`` propagate unknown as SQL does, and a row passes a filter only
 when the predicate is ``True``. ``LIKE`` is case-sensitive everywhere (the wrappers configure
-their sources to match), so the manager and the sources agree on every row.
+their sources to match), so the manager and the sources agree on every row. NaN compares as
+in PostgreSQL and Spark, the engines that hold it: equal to itself, above every other number.
 
 >>> pred = And((Cmp(">", Col("r", "a"), Lit(1)), IsNull(Col("r", "b"), negated=True)))
 >>> fn = compile_predicate(pred, {Col("r", "a"): 0, Col("r", "b"): 1})
@@ -253,6 +254,22 @@ class LikeMatcher:
         return True
 
 
+def _compare_nan(op: Callable[[Any, Any], bool], a: Any, b: Any) -> bool | None:
+    """``op(a, b)`` where ``a`` or ``b`` is NaN, ordered as PostgreSQL and Spark order it: NaN
+    equals NaN and is above every other number (Python's NaN compares false with everything).
+
+    >>> nan = float("nan")
+    >>> [_compare_nan(_CMP[op], nan, x) for op, x in (("=", nan), (">", 1e308), ("<>", 5), ("<", float("inf")))]
+    [True, True, True, False]
+    """
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return op(int(a != a), int(b != b))
+    try:  # against a non-number: as any comparison of mixed types
+        return op(a, b)
+    except TypeError:
+        return None
+
+
 def compile_value(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], Any]:
     """A function from a row to the value of ``e``; ``layout`` maps each column to its index."""
     if isinstance(e, Col):
@@ -286,6 +303,8 @@ def compile_predicate(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], b
             a, b = left(row), right(row)
             if a is None or b is None:
                 return None
+            if a != a or b != b:  # NaN (only NaN differs from itself)
+                return _compare_nan(op, a, b)
             try:
                 return op(a, b)
             except TypeError:  # e.g. text against a number: unknown, never a crash
@@ -385,13 +404,12 @@ def from_wire(d: Any) -> Expr:
     if not isinstance(d, dict):
         raise WireError(f"expression must be an object, got {type(d).__name__}")
     if "col" in d:
-        rel, name = d["col"]
-        return Col(str(rel), str(name))
+        ref = d["col"]
+        if not (isinstance(ref, list) and len(ref) == 2 and all(isinstance(part, str) for part in ref)):
+            raise WireError(f"a column is [relation, name], got {ref!r:.100}")
+        return Col(*ref)
     if "lit" in d:
-        value = d["lit"]
-        if not isinstance(value, (int, float, str, bool, type(None))):
-            raise WireError(f"literal must be a scalar, got {type(value).__name__}")
-        return Lit(value)
+        return Lit(_scalar(d["lit"], "literal"))
     op, args = d.get("op"), [from_wire(a) for a in d.get("args", [])]
     negated = bool(d.get("negated", False))
     if op in _ARITH and len(args) == 2:
@@ -404,8 +422,8 @@ def from_wire(d: Any) -> Expr:
         return Or(tuple(args))
     if op == "not" and len(args) == 1:
         return Not(args[0])
-    if op == "in" and len(args) == 1:
-        return InList(args[0], tuple(d.get("values", [])), negated)
+    if op == "in" and len(args) == 1 and isinstance(d.get("values", []), list):
+        return InList(args[0], tuple(_scalar(v, "an IN list value") for v in d.get("values", [])), negated)
     if op == "between" and len(args) == 3:
         return Between(*args, negated=negated)
     if op == "is_null" and len(args) == 1:
@@ -413,6 +431,12 @@ def from_wire(d: Any) -> Expr:
     if op == "like" and len(args) == 1 and isinstance(d.get("pattern"), str):
         return Like(args[0], d["pattern"], negated)
     raise WireError(f"unknown or malformed expression operator {op!r}")
+
+
+def _scalar(value: Any, what: str) -> Scalar:
+    if not isinstance(value, (int, float, str, bool, type(None))):
+        raise WireError(f"{what} must be a scalar, got {type(value).__name__}")
+    return value
 
 
 # -- SQL reading (parameterized; used by the wrappers) -----------------------------------

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -57,6 +58,7 @@ transactions posted since the previous read. While the manager is down, capture 
 (trigger changes wait in the outbox, pulls and application posts go into the replica) and
 everything ships, in seq order, once it is back."""
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
+log = logging.getLogger(__name__)
 
 
 def _positive_int(text: str) -> int:
@@ -136,6 +138,8 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES
+
     parser.epilog = CAPTURE_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="wrapper_command", required=True, metavar="ACTION")
@@ -163,7 +167,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_p.add_argument(
         "--application-token",
         default=os.environ.get(APPLICATION_TOKEN_ENV),
-        help=f"application capture: secret the application must send with its changes (default: ${APPLICATION_TOKEN_ENV})",
+        help="application capture: secret the application must send with its changes, required unless "
+        f"--insecure-no-application-token (default: ${APPLICATION_TOKEN_ENV})",
+    )
+    run_p.add_argument(
+        "--insecure-no-application-token",
+        action="store_true",
+        help="application capture: take changes from anyone who reaches the wrapper (a trusted network only)",
+    )
+    run_p.add_argument(
+        "--max-value-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_VALUE_BYTES,
+        help="a row holding a larger value (text in UTF-8 bytes) is left out of the views and counted as quarantined "
+        f"(default: {DEFAULT_MAX_VALUE_BYTES}, 16 MiB)",
     )
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
@@ -282,6 +299,29 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
 
 
+def _application_token(args: argparse.Namespace) -> str | None:
+    """The secret application capture requires; a CLI error without one, unless the wrapper
+    is explicitly started insecure (which is logged as a warning)."""
+    if args.capture != "application":
+        if args.insecure_no_application_token:
+            raise CliError("--insecure-no-application-token belongs to --capture application")
+        return args.application_token
+    if args.application_token and args.insecure_no_application_token:
+        raise CliError("give either --application-token or --insecure-no-application-token, not both")
+    if args.application_token:
+        return args.application_token
+    if not args.insecure_no_application_token:
+        raise CliError(
+            f"application capture needs --application-token (or ${APPLICATION_TOKEN_ENV}): the secret the "
+            "application sends with its changes; --insecure-no-application-token takes changes from anyone"
+        )
+    log.warning(
+        "wrapper of %s takes application changes from anyone who reaches it (--insecure-no-application-token)",
+        args.source,
+    )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -291,6 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
     from wrappers.wrapper import Wrapper, WrapperConfig
 
     setup_logging(args.log_level)
+    application_token = _application_token(args)
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
@@ -306,6 +347,7 @@ def _serve(args: argparse.Namespace) -> int:
         query_delay_ms=args.query_delay_ms,
         max_concurrent_queries=args.max_concurrent_queries,
         capture=_capture_config(args),
+        max_value_bytes=args.max_value_bytes,
     )
     try:
         wrapper = Wrapper(config)
@@ -313,6 +355,6 @@ def _serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     server = uvicorn_server(
-        create_app(wrapper, manager_token=args.manager_token, application_token=args.application_token)
+        create_app(wrapper, manager_token=args.manager_token, application_token=application_token)
     )
     return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from api.schemas import dumps_wire_json, loads_wire_json
 import migrations
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 
@@ -102,7 +103,9 @@ def _sqlite_pragmas(engine: Engine) -> None:
 class Catalog:
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = create_engine(url)
+        # Update rows may hold non-finite floats: stored tagged (a PostgreSQL JSON column
+        # refuses NaN), read back with every NaN the one object Z-sets can cancel.
+        self.engine = create_engine(url, json_serializer=dumps_wire_json, json_deserializer=loads_wire_json)
         if self.engine.dialect.name == "sqlite":
             _sqlite_pragmas(self.engine)
         migrations.upgrade(url)

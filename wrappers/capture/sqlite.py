@@ -9,7 +9,6 @@ never block the application's writers.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
-from wrappers.capture.base import OUTBOX, OutboxRow
+from wrappers.capture.base import OUTBOX, OutboxRow, outbox_row
 from wrappers.errors import WrapperError
 
 TRIGGER_PREFIX = "_pvm_"
@@ -211,10 +210,7 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     result = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
-    return [
-        OutboxRow(id, relation, op, json.loads(old) if old is not None else None, json.loads(new) if new is not None else None)
-        for id, relation, op, old, new in result
-    ]
+    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]
 
 
 def delete_outbox(engine: sa.Engine, through: int) -> None:
