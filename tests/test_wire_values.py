@@ -22,7 +22,7 @@ def shipped(row: dict) -> dict:
     return UpdateBatch.model_validate_json(batch.model_dump_json()).updates[0].changes[0].row
 
 
-@pytest.mark.parametrize(("value", "spelled"), zip(NON_FINITE, ["Infinity", "-Infinity", "NaN"]))
+@pytest.mark.parametrize(("value", "spelled"), list(zip(NON_FINITE, ["Infinity", "-Infinity", "NaN"])))
 def test_a_non_finite_float_travels_tagged_and_arrives_as_a_float(value: float, spelled: str) -> None:
     text = Change(relation="r", sign=1, row={"x": value}).model_dump_json()
     assert text == '{"relation":"r","sign":1,"row":{"x":{"$float":"%s"}}}' % spelled  # not null, as before

@@ -77,6 +77,7 @@ _SQLITE_TYPES: dict[Family, tuple[str, ...]] = {
     "text": ("text", "blob"),
     "date": ("text", "blob"),
 }
+_KINDS = {str: "text", int: "integer", float: "real", bool: "boolean"}
 # PostgreSQL's to_jsonb writes a non-finite double precision or numeric as a JSON string.
 _POSTGRESQL_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -127,7 +128,7 @@ class RowCheck:
     >>> check({"id": 2, "val": "oops", "flag": 0})
     Traceback (most recent call last):
     ...
-    wrappers.quarantine.Unfit: items.val = 'oops': a str in a REAL column
+    wrappers.quarantine.Unfit: items.val = 'oops': a text value in a column declared REAL
     """
 
     def __init__(self, table: TableSchema, dialect: str, max_value_bytes: int) -> None:
@@ -155,18 +156,19 @@ class RowCheck:
             if value is None:
                 continue
             if type(value) not in rule.accepts:
-                raise Unfit(self.relation, rule.column, value, f"a {type(value).__name__} in a {self._declared(rule.column)} column")
+                kind = _KINDS.get(type(value), type(value).__name__)
+                raise Unfit(self.relation, rule.column, value, f"a {kind} value in a column declared {self._declared(rule.column)}")
             if rule.family == "float" and type(value) is int:
                 row[rule.column] = float(value)
             elif rule.family == "boolean" and value not in (0, 1):
-                raise Unfit(self.relation, rule.column, value, f"{value} in a {self._declared(rule.column)} column (0 or 1)")
+                raise Unfit(self.relation, rule.column, value, f"{value} in a column declared {self._declared(rule.column)} (0 or 1)")
         for column, value in row.items():
             if type(value) is str and len(value) > self._fast_chars and utf8_size(value) > self._max_bytes:
                 raise Unfit(self.relation, column, value, f"{utf8_size(value)} bytes, above --max-value-bytes {self._max_bytes}")
         return row
 
     def _declared(self, column: str) -> str:
-        return self._types[column] or "typed"
+        return self._types[column]
 
 
 def fit_clause(

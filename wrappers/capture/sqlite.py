@@ -27,6 +27,7 @@ BUSY_TIMEOUT_S = 10.0
 # wider rows are merged from several objects.
 _COLUMNS_PER_JSON_OBJECT = 60
 _OPS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
+_LARGEST_DOUBLE = "1.7976931348623157e308"
 
 
 # -- connections -----------------------------------------------------------------------
@@ -108,12 +109,16 @@ def _json_row(engine: sa.Engine, ref: str, columns: Sequence[str]) -> str:
     """``json_object`` of the trigger row ``ref`` (NEW or OLD) over ``columns``.
 
     BLOB values become hex text: JSON cannot hold them, and a trigger error would make the
-    application's own write fail.
+    application's own write fail. A finite REAL is written with 17 significant digits, which
+    read back as the same double (``json_object`` writes 15, and 0.1 + 0.2 would arrive as
+    0.3 while a subquery answers 0.30000000000000004); an infinite one as ``json_object``
+    writes it (``Inf`` before SQLite 3.42, read by ``base.row_json``).
     """
 
     def value(column: str) -> str:
         v = f"{ref}.{_quote(engine, column)}"
-        return f"CASE WHEN typeof({v}) = 'blob' THEN hex({v}) ELSE {v} END"
+        exact = f"CASE WHEN abs({v}) <= {_LARGEST_DOUBLE} THEN json(printf('%!.17g', {v})) ELSE {v} END"
+        return f"CASE typeof({v}) WHEN 'blob' THEN hex({v}) WHEN 'real' THEN {exact} ELSE {v} END"
 
     objects = [
         "json_object(" + ", ".join(f"{_text_literal(c)}, {value(c)}" for c in columns[i : i + _COLUMNS_PER_JSON_OBJECT]) + ")"
