@@ -97,6 +97,7 @@ MAX_CHANGES_PER_UPDATE = 100_000
 MAX_UPDATES_PER_POST = 1_000
 MAX_SUBQUERY_KEYS = 200_000
 MAX_KEY_COLUMNS = 1_000
+MAX_SELECT_COLUMNS = 1_000
 
 CAPTURE_METHODS = ("trigger", "timestamp", "application", "snapshot")
 """How a wrapper can capture its source's changes (``wrappers.capture.METHODS``); a source is
@@ -193,7 +194,7 @@ class Subquery(BaseModel):
     )
     on: dict[str, Any] | None = None
     where: dict[str, Any] | None = None
-    select: list[str]
+    select: list[str] = Field(max_length=MAX_SELECT_COLUMNS)
     priority: float = Field(default=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")

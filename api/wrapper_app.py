@@ -4,7 +4,7 @@ Errors are ``{"detail": "<message>"}``: 400 for names the source does not have, 
 expressions or values the source cannot take, 401 without the manager's token (when the
 wrapper has one), 422 for bodies that do not match the wire schema (keys that are not
 scalars, of several widths or wider than ``MAX_KEY_COLUMNS``), 503 when the source cannot
-be used right now.
+be used right now (locked, unreachable, out of resources).
 
 Started with ``manager_token`` (``--manager-token`` / ``PVM_MANAGER_TOKEN``), the wrapper
 answers subqueries, interest and schema requests only with ``Authorization: Bearer <that
@@ -25,10 +25,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from api import application_changes
 from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
+from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.wrapper import Wrapper
 
@@ -140,6 +142,11 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
     @app.exception_handler(WrapperError)
     async def unavailable(_: Request, exc: WrapperError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    @app.exception_handler(sa.exc.OperationalError)
+    async def source_unavailable(_: Request, exc: sa.exc.OperationalError) -> JSONResponse:
+        # the database's own trouble (locked, disconnected, out of resources): try again later
+        return JSONResponse({"detail": f"the source cannot answer right now: {reason(exc)}"}, status_code=503)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -23,6 +23,7 @@ from wrappers.capture import sqlite as capture
 from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.quarantine import Fitness
 from wrappers.schema import SourceSchema
+from tests.capture_support import maria_url, pg_url, run_sql  # noqa: F401 (fixtures)
 from tests.fake_manager import FakeManager
 
 SOURCE = "shop"
@@ -68,12 +69,13 @@ def flush(url: str) -> int:
     return r.json()["watermark"]
 
 
-def rows_now(url: str) -> list[list]:
-    """The whole relation as a subquery answers it (the manager's initial load asks this way)."""
-    body = {"relation": "items", "alias": "i", "keys": [[]], "select": ["id", "val", "qty", "flag", "name"]}
+def rows_now(url: str, select: tuple[str, ...] = ("id", "val")) -> list[list]:
+    """The relation's rows as a subquery answers it (the manager's initial load asks this
+    way), decoded as the manager decodes them."""
+    body = {"relation": "items", "alias": "i", "keys": [[]], "select": list(select)}
     r = httpx.post(f"{url}/v1/subquery", json=body, timeout=30)
     assert r.status_code == 200, r.text
-    return sorted(SubqueryAnswer.model_validate_json(r.content).rows)  # tagged floats decoded as the manager does
+    return sorted(row[1:-1] for row in SubqueryAnswer.model_validate_json(r.content).rows)
 
 
 def changes(updates: list[Update]) -> list[tuple]:
@@ -88,7 +90,7 @@ def test_infinite_reals_ship_and_the_source_keeps_flowing(db: Path, manager: Fak
         execute(db, "INSERT INTO items VALUES (3, 2.5, 3, 0, 'c')")
         manager.wait_through(SOURCE, flush(wrapper.url), timeout=20)
         assert changes(manager.updates(SOURCE)) == [(-1, 1, 1.5), (1, 1, math.inf), (1, 2, -math.inf), (1, 3, 2.5)]
-        assert [row[2] for row in rows_now(wrapper.url)] == [math.inf, -math.inf, 2.5]
+        assert rows_now(wrapper.url) == [[1, math.inf], [2, -math.inf], [3, 2.5]]
         report = health(wrapper.url)
         assert report["ok"] and report["blocked"] is None and report["quarantine"]["rows"] == 0
 
@@ -110,7 +112,7 @@ def test_unfit_rows_are_left_out_of_updates_and_answers_alike(db: Path, manager:
         execute(db, "INSERT INTO items VALUES (7, 7.5, 7, 1, 'g')")
         manager.wait_through(SOURCE, flush(wrapper.url), timeout=20)
         assert changes(manager.updates(SOURCE)) == [(1, 6, 6.0), (1, 7, 7.5)]
-        assert [row[1] for row in rows_now(wrapper.url)] == [1, 6, 7]
+        assert [row[0] for row in rows_now(wrapper.url)] == [1, 6, 7]
         report = health(wrapper.url)
         assert report["ok"] and report["blocked"] is None
         assert report["quarantine"]["rows"] == 4 and report["quarantine"]["by_relation"] == {"items": 4}
@@ -121,7 +123,7 @@ def test_unfit_rows_are_left_out_of_updates_and_answers_alike(db: Path, manager:
         execute(db, "UPDATE items SET val = 2.25 WHERE id = 2")
         manager.wait_through(SOURCE, flush(wrapper.url), timeout=20)
         assert changes(manager.updates(SOURCE))[-1:] == [(1, 2, 2.25)]
-        assert [row[1] for row in rows_now(wrapper.url)] == [1, 2, 6, 7]
+        assert [row[0] for row in rows_now(wrapper.url)] == [1, 2, 6, 7]
         assert health(wrapper.url)["quarantine"]["rows"] == 5
         assert (db.parent / "wrapper.log").read_text().count("left a row of items out") == 1  # once a minute
 
@@ -136,6 +138,20 @@ def test_a_capture_that_keeps_failing_is_reported_blocked(db: Path, manager: Fak
             time.sleep(0.05)
         assert report["ok"] is False and report["blocked"]["loop"] == "capturing and shipping"
         assert "no such table: _pvm_outbox" in report["blocked"]["error"] and report["blocked"]["since"] <= time.time()
+
+
+def test_an_adversarial_like_does_not_stall_the_wrapper(db: Path, manager: FakeManager) -> None:
+    """The review's case: a view with LIKE '%a%b%c%d%e%f%' and a 2 KB text kept the interest
+    filter's backtracking regex busy; nothing shipped, health stopped answering."""
+    pattern = {"op": "like", "args": [{"col": ["items", "name"]}], "pattern": "%a%b%c%d%e%f%"}
+    interest = {"relations": {"items": {"columns": ["id", "name"], "where": [pattern]}}}
+    with start(db, manager) as wrapper:
+        assert httpx.put(f"{wrapper.url}/v1/interest", json=interest, timeout=10).status_code == 200
+        execute(db, f"INSERT INTO items VALUES (2, 1, 1, 0, '{'abcde' * 410}')", "INSERT INTO items VALUES (3, 1, 1, 0, 'abcdef')")
+        started = time.monotonic()
+        manager.wait_through(SOURCE, flush(wrapper.url), timeout=10)
+        assert time.monotonic() - started < 5 and health(wrapper.url)["ok"]
+        assert [c.row for u in manager.updates(SOURCE) for c in u.changes] == [{"id": 3, "name": "abcdef"}]
 
 
 # -- one rule on both paths ------------------------------------------------------------------
@@ -210,13 +226,21 @@ BAD_SUBQUERIES = {
     "an object in an IN list": ({"keys": [[1]], "on": ON_ID, "where": {"op": "in", "args": [{"col": ["i", "id"]}], "values": [{}]}}, 400, "must be a scalar"),
     "a literal beyond 64 bits": ({"keys": [[1]], "on": ON_ID, "where": {"op": "=", "args": [{"col": ["i", "id"]}, {"lit": 10**30}]}}, 400, "too large"),
     "a column that is no pair": ({"keys": [[1]], "on": {"op": "=", "args": [{"col": "ab"}, {"col": ["i", "id"]}]}}, 400, "[relation, name]"),
+    "5,000 conditions": ({"keys": [[1]], "where": {"op": "and", "args": [{"op": "=", "args": [{"col": ["i", "id"]}, {"lit": n}]} for n in range(5000)]}}, 400, "more than 500 nodes"),
+    "5,000 selected columns": ({"keys": [[1]], "select": ["id"] * 5000}, 422, "at most 1000"),
+    "a LIKE pattern of 100,000 characters": ({"keys": [[1]], "where": {"op": "like", "args": [{"col": ["i", "name"]}], "pattern": "%a" * 50000}}, 400, "more than 10000"),
+    "an empty OR": ({"keys": [[1]], "where": {"op": "or", "args": []}}, 400, "malformed"),
 }  # fmt: skip
 
 
 def test_malformed_subqueries_are_refused_with_4xx(db: Path, manager: FakeManager) -> None:
     """The review's 500s: object values, 10^30 keys, 3,000-column keys; and their kin."""
     with start(db, manager) as wrapper:
-        for name, (change, status, words) in BAD_SUBQUERIES.items():
+        nested = {"op": "=", "args": [{"col": ["i", "id"]}, {"lit": 1}]}
+        for _ in range(100):
+            nested = {"op": "not", "args": [nested]}
+        bad = {**BAD_SUBQUERIES, "100 nested NOTs": ({"keys": [[1]], "where": nested}, 400, "deeper than 64 levels")}
+        for name, (change, status, words) in bad.items():
             body = {"relation": "items", "alias": "i", "select": ["id"], **change}
             r = httpx.post(f"{wrapper.url}/v1/subquery", json=body, timeout=30)
             assert (r.status_code, words in r.json()["detail"]) == (status, True), (name, r.text)
@@ -224,3 +248,31 @@ def test_malformed_subqueries_are_refused_with_4xx(db: Path, manager: FakeManage
         r = httpx.put(f"{wrapper.url}/v1/interest", json=interest, timeout=30)
         assert r.status_code == 400 and "must be a scalar" in r.json()["detail"], r.text
         assert health(wrapper.url)["ok"]
+
+
+# -- PostgreSQL and MariaDB: sizes (their types they enforce themselves) -------------------------------
+@pytest.mark.servers
+@pytest.mark.parametrize("server", ["pg_url", "maria_url"])
+def test_oversized_text_is_left_out_on_servers_too(server: str, request: pytest.FixtureRequest, manager: FakeManager, tmp_path: Path) -> None:
+    """A text over --max-value-bytes (counted in UTF-8 bytes: 21 'é' are 42) is left out of
+    the update and of answers alike; on PostgreSQL a NaN and infinities ship as floats."""
+    url = request.getfixturevalue(server)
+    run_sql(url, "CREATE TABLE items (id INTEGER PRIMARY KEY, val DOUBLE PRECISION, name VARCHAR(100))")
+    with start_wrapper(
+        SOURCE, url, ["items"], manager.url, state_dir=tmp_path / "state", log_path=tmp_path / "wrapper.log",
+        capture_args=["--max-value-bytes", "40"],
+    ) as wrapper:  # fmt: skip
+        odd = "'NaN'" if server == "pg_url" else "-1e308"
+        run_sql(
+            url,
+            "INSERT INTO items VALUES (1, 1.5, 'short')",
+            f"INSERT INTO items VALUES (2, 2.5, '{'é' * 21}')",
+            f"INSERT INTO items VALUES (3, {odd}, '{'é' * 20}')",
+        )
+        manager.wait_through(SOURCE, flush(wrapper.url), timeout=20)
+        shipped = [(c.row["id"], c.row["val"]) for u in manager.updates(SOURCE) for c in u.changes]
+        assert [i for i, _ in shipped] == [1, 3] and [i for i, *_ in rows_now(wrapper.url)] == [1, 3]
+        third = shipped[1][1], rows_now(wrapper.url)[1][1]
+        assert all(math.isnan(v) for v in third) if server == "pg_url" else third == (-1e308, -1e308)
+        assert health(wrapper.url)["quarantine"]["by_relation"] == {"items": 1}
+

@@ -400,36 +400,76 @@ class WireError(ValueError):
     """A shipped expression that is not well formed."""
 
 
+MAX_WIRE_NODES = 500
+MAX_WIRE_DEPTH = 64
+MAX_WIRE_VALUES = 100_000
+MAX_LIKE_PATTERN = 10_000
+"""Bounds of a shipped expression: nodes (columns, literals, operators), nesting, literal
+values (IN lists included) and LIKE pattern characters. The sources' SQL parsers have
+limits of their own (SQLite: expression depth 1000, LIKE patterns of 50,000 bytes, 250,000
+bound values); a view that needs more is refused with the bound it passes, not a crash."""
+
+
+@dataclass
+class _WireBudget:
+    nodes: int = MAX_WIRE_NODES
+    values: int = MAX_WIRE_VALUES
+
+    def spend(self, nodes: int, values: int = 0) -> None:
+        self.nodes -= nodes
+        self.values -= values
+        if self.nodes < 0:
+            raise WireError(f"expression has more than {MAX_WIRE_NODES} nodes")
+        if self.values < 0:
+            raise WireError(f"expression has more than {MAX_WIRE_VALUES} literal values")
+
+
 def from_wire(d: Any) -> Expr:
+    """The expression ``d`` is the JSON form of; WireError if it is malformed or beyond the
+    bounds above."""
+    return _from_wire(d, 1, _WireBudget())
+
+
+def _from_wire(d: Any, depth: int, budget: _WireBudget) -> Expr:
     if not isinstance(d, dict):
         raise WireError(f"expression must be an object, got {type(d).__name__}")
+    if depth > MAX_WIRE_DEPTH:
+        raise WireError(f"expression is nested deeper than {MAX_WIRE_DEPTH} levels")
+    budget.spend(1)
     if "col" in d:
         ref = d["col"]
         if not (isinstance(ref, list) and len(ref) == 2 and all(isinstance(part, str) for part in ref)):
             raise WireError(f"a column is [relation, name], got {ref!r:.100}")
         return Col(*ref)
     if "lit" in d:
+        budget.spend(0, 1)
         return Lit(_scalar(d["lit"], "literal"))
-    op, args = d.get("op"), [from_wire(a) for a in d.get("args", [])]
+    wire_args = d.get("args", [])
+    if not isinstance(wire_args, list):
+        raise WireError(f"args must be a list, got {type(wire_args).__name__}")
+    op, args = d.get("op"), [_from_wire(a, depth + 1, budget) for a in wire_args]
     negated = bool(d.get("negated", False))
     if op in _ARITH and len(args) == 2:
         return Arith(op, *args)
     if op in _CMP and len(args) == 2:
         return Cmp(op, *args)
-    if op == "and":
+    if op == "and" and args:
         return And(tuple(args))
-    if op == "or":
+    if op == "or" and args:
         return Or(tuple(args))
     if op == "not" and len(args) == 1:
         return Not(args[0])
-    if op == "in" and len(args) == 1 and isinstance(d.get("values", []), list):
-        return InList(args[0], tuple(_scalar(v, "an IN list value") for v in d.get("values", [])), negated)
+    if op == "in" and len(args) == 1 and isinstance(values := d.get("values", []), list):
+        budget.spend(0, len(values))
+        return InList(args[0], tuple(_scalar(v, "an IN list value") for v in values), negated)
     if op == "between" and len(args) == 3:
         return Between(*args, negated=negated)
     if op == "is_null" and len(args) == 1:
         return IsNull(args[0], negated)
-    if op == "like" and len(args) == 1 and isinstance(d.get("pattern"), str):
-        return Like(args[0], d["pattern"], negated)
+    if op == "like" and len(args) == 1 and isinstance(pattern := d.get("pattern"), str):
+        if len(pattern) > MAX_LIKE_PATTERN:
+            raise WireError(f"LIKE pattern has {len(pattern)} characters, more than {MAX_LIKE_PATTERN}")
+        return Like(args[0], pattern, negated)
     raise WireError(f"unknown or malformed expression operator {op!r}")
 
 

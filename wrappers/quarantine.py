@@ -38,6 +38,7 @@ a blob's hex form) on every dialect.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
 LOG_EVERY_SECONDS = 60.0
 PREVIEW_CHARS = 60
+PLANS_PER_RELATION = 256
 
 # The family a view's store gives a type that the wrapper's own families do not cover (a
 # SQLite column declared STRING has numeric affinity, but the store makes it a Spark STRING).
@@ -112,14 +114,21 @@ def utf8_size(text: str) -> int:
 
 
 @dataclass(frozen=True)
-class _Rule:
-    column: str
-    family: Family
-    accepts: tuple[type, ...]
+class _Plan:
+    """What to do with a row whose values have given Python types (positions in the row)."""
+
+    unfit: tuple[int, str] | None = None  # the first value whose type does not fit, and why
+    to_float: tuple[int, ...] = ()  # integers of float columns
+    booleans: tuple[int, ...] = ()  # integers of boolean columns: 0 or 1
+    non_finite: tuple[int, ...] = ()  # PostgreSQL's "NaN", "Infinity", "-Infinity" texts
+    texts: tuple[int, ...] = ()  # sizes to check
 
 
 class RowCheck:
     """The captured-change half of the rule for one relation (see the module docstring).
+
+    A row's value types mostly repeat, so what they call for is worked out once per
+    combination of types (a bounded cache) and a row costs a few C-level passes.
 
     >>> table = TableSchema("items", ("id", "val", "flag"), ("INTEGER", "REAL", "BOOLEAN"), ("id",))
     >>> check = RowCheck(table, "sqlite", max_value_bytes=100)
@@ -133,42 +142,54 @@ class RowCheck:
 
     def __init__(self, table: TableSchema, dialect: str, max_value_bytes: int) -> None:
         self.relation = table.name
+        self._columns = table.columns
+        self._types = table.types
+        self._families = tuple(checked_family(t) for t in table.types)
+        self._dialect = dialect
         self._max_bytes = max_value_bytes
         self._fast_chars = max_value_bytes // 4  # no text this short can exceed the limit
-        self._types = dict(zip(table.columns, table.types))
-        families = {c: checked_family(t) for c, t in self._types.items()}
-        self._rules: tuple[_Rule, ...] = ()
-        self._postgresql_numbers: tuple[str, ...] = ()
-        if dialect == "sqlite":
-            self._rules = tuple(_Rule(c, f, _PYTHON_TYPES[f]) for c, f in families.items() if f is not None)
-        elif dialect == "postgresql":
-            self._postgresql_numbers = tuple(c for c, f in families.items() if f in ("float", "numeric"))
+        self._plan = functools.lru_cache(maxsize=PLANS_PER_RELATION)(self._make_plan)
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` with values in their wire form (an integer of a float column as a float,
         PostgreSQL's non-finite numbers as floats); Unfit if the views cannot take it."""
-        for column in self._postgresql_numbers:
-            value = row.get(column)
-            if type(value) is str and value in _POSTGRESQL_NON_FINITE:
-                row[column] = _POSTGRESQL_NON_FINITE[value]
-        for rule in self._rules:
-            value = row.get(rule.column)
-            if value is None:
-                continue
-            if type(value) not in rule.accepts:
-                kind = _KINDS.get(type(value), type(value).__name__)
-                raise Unfit(self.relation, rule.column, value, f"a {kind} value in a column declared {self._declared(rule.column)}")
-            if rule.family == "float" and type(value) is int:
-                row[rule.column] = float(value)
-            elif rule.family == "boolean" and value not in (0, 1):
-                raise Unfit(self.relation, rule.column, value, f"{value} in a column declared {self._declared(rule.column)} (0 or 1)")
-        for column, value in row.items():
-            if type(value) is str and len(value) > self._fast_chars and utf8_size(value) > self._max_bytes:
-                raise Unfit(self.relation, column, value, f"{utf8_size(value)} bytes, above --max-value-bytes {self._max_bytes}")
+        values = tuple(map(row.get, self._columns))
+        plan = self._plan(tuple(map(type, values)))
+        if plan.unfit is not None:
+            i, why = plan.unfit
+            raise Unfit(self.relation, self._columns[i], values[i], why)
+        for i in plan.to_float:
+            row[self._columns[i]] = float(values[i])
+        for i in plan.booleans:
+            if values[i] not in (0, 1):
+                raise Unfit(self.relation, self._columns[i], values[i], f"{values[i]} in a column declared {self._types[i]} (0 or 1)")
+        for i in plan.non_finite:
+            if values[i] not in _POSTGRESQL_NON_FINITE:
+                raise Unfit(self.relation, self._columns[i], values[i], f"a text value in a column declared {self._types[i]}")
+            row[self._columns[i]] = _POSTGRESQL_NON_FINITE[values[i]]
+        for i in plan.texts:
+            if len(values[i]) > self._fast_chars and (size := utf8_size(values[i])) > self._max_bytes:
+                raise Unfit(self.relation, self._columns[i], values[i], f"{size} bytes, above --max-value-bytes {self._max_bytes}")
         return row
 
-    def _declared(self, column: str) -> str:
-        return self._types[column]
+    def _make_plan(self, kinds: tuple[type, ...]) -> _Plan:
+        to_float, booleans, non_finite, texts = [], [], [], []
+        for i, (kind, family) in enumerate(zip(kinds, self._families)):
+            if kind is str:
+                texts.append(i)
+            if kind is type(None) or family is None:
+                continue
+            if self._dialect == "postgresql":
+                if kind is str and family in ("float", "numeric"):
+                    non_finite.append(i)
+            elif self._dialect == "sqlite":
+                if kind not in _PYTHON_TYPES[family]:
+                    return _Plan(unfit=(i, f"a {_KINDS.get(kind, kind.__name__)} value in a column declared {self._types[i]}"))
+                if family == "float" and kind is int:
+                    to_float.append(i)
+                elif family == "boolean":
+                    booleans.append(i)
+        return _Plan(None, tuple(to_float), tuple(booleans), tuple(non_finite), tuple(texts))
 
 
 def fit_clause(
@@ -180,27 +201,31 @@ def fit_clause(
     It agrees with ``RowCheck`` value by value: SQLite ``typeof`` for the type families,
     and text sizes in UTF-8 bytes (PostgreSQL counts the database's encoding, UTF-8 unless
     it was created otherwise)."""
-    limit = sa.literal(max_value_bytes)
-    conditions: list[sa.ColumnElement[bool]] = []
-    for name, type_name in zip(table.columns, table.types):
-        value = column(name)
-        family = checked_family(type_name)
-        if dialect == "sqlite":
-            kind = sa.func.typeof(value)
-            if family is not None:
-                fits = kind.in_(("null", *_SQLITE_TYPES[family]))
-                if family == "boolean":
-                    fits = sa.or_(kind == "null", sa.and_(kind == "integer", value.in_((0, 1))))
-                conditions.append(fits)
-            size = sa.case(
-                (kind == "text", sa.func.length(sa.cast(value, sa.LargeBinary))),
-                (kind == "blob", 2 * sa.func.length(value)),
-                else_=0,
-            )
-            conditions.append(size <= limit)
-        elif family in ("text", "date"):
-            conditions.append(sa.func.coalesce(sa.func.octet_length(value), 0) <= limit)
+    conditions = [
+        condition
+        for name, type_name in zip(table.columns, table.types)
+        if (condition := _fits(column(name), checked_family(type_name), dialect, max_value_bytes)) is not None
+    ]
     return sa.and_(*conditions) if conditions else None
+
+
+def _fits(value: Any, family: Family | None, dialect: str, max_value_bytes: int) -> sa.ColumnElement[bool] | None:
+    """Whether one column's value fits, with one ``typeof`` call per value on SQLite."""
+    if dialect != "sqlite":
+        if family in ("text", "date"):
+            return sa.func.coalesce(sa.func.octet_length(value), 0) <= max_value_bytes
+        return None
+    kind = sa.func.typeof(value)
+    if family in ("integer", "float", "numeric"):
+        return kind.in_(("null", *_SQLITE_TYPES[family]))
+    if family == "boolean":
+        return sa.case({"null": True, "integer": value.in_((0, 1))}, value=kind, else_=False) == sa.true()
+    sized = {
+        "null": True,
+        "text": sa.func.length(sa.cast(value, sa.LargeBinary)) <= max_value_bytes,
+        "blob": sa.func.length(value) <= max_value_bytes // 2,  # shipped as hex: two characters a byte
+    }
+    return sa.case(sized, value=kind, else_=family is None) == sa.true()  # text, date: no numbers
 
 
 @dataclass
