@@ -275,4 +275,3 @@ def test_oversized_text_is_left_out_on_servers_too(server: str, request: pytest.
         third = shipped[1][1], rows_now(wrapper.url)[1][1]
         assert all(math.isnan(v) for v in third) if server == "pg_url" else third == (-1e308, -1e308)
         assert health(wrapper.url)["quarantine"]["by_relation"] == {"items": 1}
-

@@ -28,7 +28,8 @@ CAPTURE_HELP = """capture methods (--capture):
                writers flag rows instead of deleting them and deletes are seen. Either way a
                row is missed if its transaction commits more than --settle-seconds after
                stamping it, or if it is stamped below what was already read.
-  application  the application posts its committed transactions to POST /v1/changes;
+  application  the application posts its committed transactions to POST /v1/changes with
+               --application-token (required, or --insecure-no-application-token);
                the source URL is read once for the schema and the initial copy into the
                replica. Needs a primary key; sees what the application reports.
   snapshot     every --snapshot-interval seconds, takes a snapshot of the tables (a SELECT
@@ -46,6 +47,11 @@ CAPTURE_HELP = """capture methods (--capture):
                differences only the ranges whose checksum changed.
 timestamp, application and snapshot capture answer subqueries from the replica, which holds
 exactly the shipped updates (see docs/capture.md).
+
+unfit rows: a row holding a value its column's declared type cannot take (text in a REAL
+column of SQLite, 2 in a BOOLEAN one) or a text over --max-value-bytes is left out of the
+views, in captured updates and in subquery answers alike, and counted under quarantine in
+GET /v1/health.
 
 updates: every --poll-interval the wrapper reads, in one snapshot, everything committed since
 its previous read and ships it as ONE update: whole source transactions only (a transaction
