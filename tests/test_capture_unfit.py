@@ -213,6 +213,9 @@ def test_application_capture_can_be_started_insecure_with_a_warning(db: Path, ma
         assert r.status_code == 200, r.text
         manager.wait_through(SOURCE, flush(wrapper.url), timeout=20)
         assert changes(manager.updates(SOURCE)) == [(1, 9, -math.inf)]
+        nan = {"relation": "items", "op": "insert", "row": {"id": 10, "val": {"$float": "NaN"}}}
+        r = httpx.post(f"{wrapper.url}/v1/changes", json={"changes": [nan]}, timeout=10)
+        assert r.status_code == 400 and "cannot hold NaN (column 'val')" in r.json()["detail"]
     assert "takes application changes from anyone" in (db.parent / "wrapper.log").read_text()
 
 

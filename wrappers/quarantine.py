@@ -48,6 +48,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from api.schemas import NAN
 from warehouse.store.types import spark_type
 from wrappers.capture.types import Family, family_of
 from wrappers.schema import SourceSchema, TableSchema
@@ -81,7 +82,7 @@ _SQLITE_TYPES: dict[Family, tuple[str, ...]] = {
 }
 _KINDS = {str: "text", int: "integer", float: "real", bool: "boolean"}
 # PostgreSQL's to_jsonb writes a non-finite double precision or numeric as a JSON string.
-_POSTGRESQL_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_POSTGRESQL_NON_FINITE = {"NaN": NAN, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def checked_family(type_name: str) -> Family | None:
@@ -104,9 +105,14 @@ class Unfit(Exception):
 
 
 def preview(value: Any) -> str:
-    """A short, printable form of ``value`` for logs and health."""
-    text = repr(value)
-    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + f"… ({len(text)} characters)"
+    """A short, printable form of ``value`` for logs and health.
+
+    >>> preview("x" * 100)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx… (100 characters)"
+    """
+    if isinstance(value, str) and len(value) > PREVIEW_CHARS:
+        return repr(value[:PREVIEW_CHARS])[: PREVIEW_CHARS - 3] + f"… ({len(value)} characters)"
+    return repr(value)
 
 
 def utf8_size(text: str) -> int:
@@ -211,10 +217,8 @@ def fit_clause(
 
 def _fits(value: Any, family: Family | None, dialect: str, max_value_bytes: int) -> sa.ColumnElement[bool] | None:
     """Whether one column's value fits, with one ``typeof`` call per value on SQLite."""
-    if dialect != "sqlite":
-        if family in ("text", "date"):
-            return sa.func.coalesce(sa.func.octet_length(value), 0) <= max_value_bytes
-        return None
+    if dialect != "sqlite":  # only text can grow large (a date's ISO text cannot)
+        return sa.func.coalesce(sa.func.octet_length(value), 0) <= max_value_bytes if family == "text" else None
     kind = sa.func.typeof(value)
     if family in ("integer", "float", "numeric"):
         return kind.in_(("null", *_SQLITE_TYPES[family]))

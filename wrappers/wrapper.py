@@ -42,6 +42,7 @@ from api.schemas import MAX_CHANGES_PER_UPDATE, MAX_UPDATES_PER_POST, Interest, 
 from wrappers import query
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
+from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
@@ -198,7 +199,7 @@ class Wrapper:
                     log.exception("%s (source %s) failed; retrying every %.2f s", what, self.config.source, self.config.poll_interval)
                     failure = self._failing[what] = LoopFailure(time.time())
                 failure.attempts += 1
-                failure.error = f"{type(exc).__name__}: {exc}"[:1000]
+                failure.error = f"{type(exc).__name__}: {reason(exc)}"[:1000]  # no SQL, no parameters
             await asyncio.sleep(self.config.poll_interval)
 
     def _capture_now(self) -> None:
