@@ -6,8 +6,11 @@ rest of the source keeps flowing. Real wrapper processes over real SQLite files.
 from __future__ import annotations
 
 import math
+import os
 import random
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,6 @@ import pytest
 import sqlalchemy as sa
 
 from api.schemas import Subquery, SubqueryAnswer, Update
-from pvm.cli import main as pvm_main
 from wrappers import query
 from wrappers.capture import sqlite as capture
 from wrappers.process import WrapperProcess, start_wrapper
@@ -198,12 +200,13 @@ def test_captured_rows_and_answers_apply_the_same_rule(tmp_path: Path) -> None:
 
 
 # -- application capture needs a token ------------------------------------------------------------
-def test_application_capture_without_a_token_does_not_start(db: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    monkeypatch.delenv("PVM_APPLICATION_TOKEN", raising=False)
-    argv = ["wrapper", "run", "--source", SOURCE, "--url", f"sqlite:///{db}", "--tables", "items", "--capture", "application",
-            "--manager", "http://127.0.0.1:9", "--state-dir", str(db.parent / "state")]  # fmt: skip
-    assert pvm_main(argv) == 2
-    assert "application capture needs --application-token" in capsys.readouterr().err
+def test_application_capture_without_a_token_does_not_start(db: Path, manager: FakeManager) -> None:
+    """It used to start and take changes from anyone, silently."""
+    env = {k: v for k, v in os.environ.items() if k != "PVM_APPLICATION_TOKEN"}
+    command = [sys.executable, "-m", "pvm", "wrapper", "run", "--source", SOURCE, "--url", f"sqlite:///{db}", "--tables", "items",
+               "--capture", "application", "--manager", manager.url, "--state-dir", str(db.parent / "state")]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "application capture needs --application-token" in result.stderr, result.stderr
 
 
 def test_application_capture_can_be_started_insecure_with_a_warning(db: Path, manager: FakeManager) -> None:
