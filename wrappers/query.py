@@ -4,7 +4,10 @@ The keys go into a TEMP table (``_k`` = key index, ``k0..kN`` = key columns), an
 parameterized statement built with SQLAlchemy Core joins it with the relation::
 
     SELECT t._k, r.<select…>, COUNT(*) FROM <keys> t JOIN <relation> r ON <on>
-    WHERE <where> GROUP BY t._k, r.<select…>
+    WHERE <where> AND <the row fits> GROUP BY t._k, r.<select…>
+
+where "the row fits" leaves out the rows the views cannot take, as captured changes leave
+them out (``wrappers.quarantine``).
 
 Every identifier is resolved against the reflected schema before anything runs, and every
 value is a bound parameter. Preparation (validation) happens before the wrapper takes a
