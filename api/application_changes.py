@@ -5,7 +5,8 @@ The application sends keys and new values only; the wrapper takes old values fro
 replica. The answer comes once the transaction is durable in the replica (Carnes's helper
 queue: the application may forget it then). A change the replica cannot take (unknown
 relation or column, missing key, duplicate insert, update or delete of a missing row)
-refuses the whole transaction with 400 and nothing of it is applied.
+refuses the whole transaction with 400 and nothing of it is applied; so does a NaN, which
+the replica (SQLite) would store as NULL.
 """
 
 from __future__ import annotations
@@ -47,5 +48,9 @@ def add_routes(app: FastAPI, wrapper: Wrapper, token: str | None) -> None:
     async def changes(body: ApplicationTransaction, authorization: str | None = Header(default=None)) -> ApplicationAck:
         if token and not hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode()):
             raise HTTPException(status_code=401, detail="send the wrapper's --application-token as a bearer token")
+        for i, change in enumerate(body.changes):
+            nan = [column for column, value in (change.row or {}).items() if value != value]
+            if nan:  # SQLite would store it as NULL: refused rather than changed
+                raise HTTPException(status_code=400, detail=f"change {i}: the replica cannot hold NaN (column {nan[0]!r})")
         await wrapper.post_changes([RowChange(c.relation, c.op, c.key, c.row) for c in body.changes])
         return ApplicationAck(applied=len(body.changes))

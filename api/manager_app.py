@@ -28,7 +28,7 @@ from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source, verifier_for
 from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop, read_update_batch
 from api.metrics import registry_for, render
-from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, wrapper_url_problem
+from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, AnyValue, wrapper_url_problem
 from warehouse.analysts.supervisor import AnalystError
 from warehouse.protocol import DEFAULT_BATCH_SIZE
 from warehouse.catalog.db import CatalogError
@@ -105,6 +105,11 @@ class WrapperHealth(BaseModel):
     last_seq: int | None = Field(default=None, description="the last seq the wrapper assigned")
     acked_through: int | None = None
     pending: int | None = Field(default=None, description="captured updates not acknowledged yet")
+    ok: bool | None = Field(default=None, description="the wrapper's own verdict: false while its capture is blocked")
+    blocked: dict[str, Any] | None = Field(default=None, description="capture keeps failing: the error, since when (unix time)")
+    quarantine: dict[str, Any] | None = Field(
+        default=None, description="captured rows left out because the views cannot take them: count, per relation, last reason"
+    )
 
 
 class SourceOut(BaseModel):
@@ -285,7 +290,7 @@ class RowsOut(BaseModel):
     as_of: int | None = Field(description="the order the rows are as of; null for a latest read")
     total: int = Field(description="rows in the view (a row with weight n counts n times)")
     offset: int
-    rows: list[list[Any]]
+    rows: list[list[AnyValue]] = Field(description="non-finite floats as {\"$float\": \"NaN\" | \"Infinity\" | \"-Infinity\"}")
 
 
 class HealthOut(BaseModel):
@@ -728,6 +733,9 @@ async def _wrapper_health(manager: Manager, name: str) -> WrapperHealth:
     except Exception as exc:  # unreachable, refused, malformed: all reported, never raised
         return WrapperHealth(reachable=False, error=f"{type(exc).__name__}: {exc}"[:500])
     fields = {k: data.get(k) for k in ("last_seq", "acked_through", "pending") if isinstance(data.get(k), int)}
+    fields |= {k: data.get(k) for k in ("blocked", "quarantine") if isinstance(data.get(k), dict)}
+    if isinstance(data.get("ok"), bool):
+        fields["ok"] = data["ok"]
     return WrapperHealth(reachable=True, **fields)
 
 

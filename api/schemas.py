@@ -1,22 +1,104 @@
 """Wire schemas between wrappers and manager, shared by both sides.
 
 Rows travel as JSON objects (updates) or arrays in a declared column order (subqueries).
-Values are JSON scalars: integers, floats, strings, booleans and null.
+Values are JSON scalars: integers, floats, strings, booleans and null. JSON has no
+infinities and no NaN, so a non-finite float travels as a tagged object (``Scalar``):
+
+>>> Change(relation="r", sign=1, row={"x": float("inf"), "y": 2.5}).model_dump_json()
+'{"relation":"r","sign":1,"row":{"x":{"$float":"Infinity"},"y":2.5}}'
+>>> Change.model_validate_json('{"relation":"r","sign":-1,"row":{"x":{"$float":"NaN"}}}').row["x"] is NAN
+True
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
-Scalar = Union[int, float, str, bool, None]
+FLOAT_TAG = "$float"
+"""The member of the object that carries a non-finite float: ``{"$float": "NaN" | "Infinity" | "-Infinity"}``."""
+
+NAN = float("nan")
+"""The one NaN object every decoded NaN is. NaN != NaN, and Python hashes NaN by identity:
+a Z-set row holding a fresh NaN object would never meet (and cancel) the row of its delete,
+while tuples and dicts compare identical objects as equal."""
+
+_NON_FINITE: dict[str, float] = {"NaN": NAN, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def encode_value(value: Any) -> Any:
+    """``value`` as it travels in JSON: a non-finite float as its tagged object, else itself."""
+    if type(value) is float and not math.isfinite(value):
+        return {FLOAT_TAG: "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"}
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    """A value received in JSON: a tagged object as its float, every NaN as ``NAN``; an
+    object that is not a tagged float is refused (ValueError, a 422 in a request)."""
+    if type(value) is float:
+        return NAN if value != value else value
+    if type(value) is dict:
+        if len(value) == 1 and isinstance(tag := value.get(FLOAT_TAG), str) and tag in _NON_FINITE:
+            return _NON_FINITE[tag]
+        raise ValueError(
+            'a value is a JSON scalar, or {"$float": "NaN" | "Infinity" | "-Infinity"} for a non-finite float'
+        )
+    return value
+
+
+_DECODE = BeforeValidator(decode_value)
+_ENCODE = PlainSerializer(encode_value, when_used="json", return_type=Any)
+
+Scalar = Annotated[Union[int, float, str, bool, None], _DECODE, _ENCODE]
+"""One value of a row, as the wire carries it (see ``encode_value``, ``decode_value``)."""
+
+AnyValue = Annotated[Any, _DECODE, _ENCODE]
+"""A value of a subquery answer: the wrapper's own output, decoded without a type check
+(on the manager's hot path: about a quarter cheaper than ``Scalar``)."""
+
+
+def dumps_wire_json(value: Any) -> str:
+    """``json.dumps`` with non-finite floats tagged (for JSON stored outside pydantic models).
+
+    >>> dumps_wire_json({"x": [float("-inf"), 1]})
+    '{"x": [{"$float": "-Infinity"}, 1]}'
+    """
+    return json.dumps(_tag_non_finite(value), allow_nan=False)
+
+
+def loads_wire_json(text: str | bytes) -> Any:
+    """``json.loads`` that decodes tagged floats, and every NaN to ``NAN``.
+
+    >>> loads_wire_json('[{"$float": "NaN"}, NaN, {"k": 1}]')[:2] == [NAN, NAN]
+    True
+    """
+    return json.loads(text, object_hook=_untag, parse_constant=_NON_FINITE.__getitem__)
+
+
+def _tag_non_finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tag_non_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tag_non_finite(v) for v in value]
+    return encode_value(value)
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and isinstance(tag := obj.get(FLOAT_TAG), str) and tag in _NON_FINITE:
+        return _NON_FINITE[tag]
+    return obj
 
 INT64_MAX = 2**63 - 1  # integers on the wire fit signed 64 bits (the catalog's and Spark's BIGINT)
 MAX_CHANGES_PER_UPDATE = 100_000
 MAX_UPDATES_PER_POST = 1_000
 MAX_SUBQUERY_KEYS = 200_000
+MAX_KEY_COLUMNS = 1_000
+MAX_SELECT_COLUMNS = 1_000
 
 CAPTURE_METHODS = ("trigger", "timestamp", "application", "snapshot")
 """How a wrapper can capture its source's changes (``wrappers.capture.METHODS``); a source is
@@ -108,11 +190,20 @@ class Subquery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     relation: str = Field(min_length=1, max_length=200)
     alias: str = Field(min_length=1, max_length=200)
-    keys: list[list[Scalar]] = Field(max_length=MAX_SUBQUERY_KEYS)
+    keys: list[Annotated[list[Scalar], Field(max_length=MAX_KEY_COLUMNS)]] = Field(
+        max_length=MAX_SUBQUERY_KEYS, description=f"rows of the same width, at most {MAX_KEY_COLUMNS} columns"
+    )
     on: dict[str, Any] | None = None
     where: dict[str, Any] | None = None
-    select: list[str]
+    select: list[str] = Field(max_length=MAX_SELECT_COLUMNS)
     priority: float = Field(default=0.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _keys_of_one_width(self) -> Subquery:
+        widths = {len(key) for key in self.keys}
+        if len(widths) > 1:
+            raise ValueError(f"all keys must have the same number of columns, got {sorted(widths)[:10]}")
+        return self
 
 
 class SubqueryAnswer(BaseModel):
@@ -120,7 +211,7 @@ class SubqueryAnswer(BaseModel):
     which covers exactly the updates with seq <= watermark (DESIGN.md invariant 3)."""
 
     watermark: int = Field(ge=0, le=INT64_MAX)
-    rows: list[list[Any]]
+    rows: list[list[AnyValue]]
     elapsed_ms: float | None = None
 
 

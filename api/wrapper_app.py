@@ -1,8 +1,10 @@
 """The wrapper's HTTP API (FastAPI): subqueries, Interest, health and schema of one source.
 
-Errors are ``{"detail": "<message>"}``: 400 for names the source does not have or malformed
-expressions, 401 without the manager's token (when the wrapper has one), 422 for bodies that
-do not match the wire schema, 503 when the source cannot be used right now.
+Errors are ``{"detail": "<message>"}``: 400 for names the source does not have, malformed
+expressions or values the source cannot take, 401 without the manager's token (when the
+wrapper has one), 422 for bodies that do not match the wire schema (keys that are not
+scalars, of several widths or wider than ``MAX_KEY_COLUMNS``), 503 when the source cannot
+be used right now (locked, unreachable, out of resources).
 
 Started with ``manager_token`` (``--manager-token`` / ``PVM_MANAGER_TOKEN``), the wrapper
 answers subqueries, interest and schema requests only with ``Authorization: Bearer <that
@@ -23,16 +25,44 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 
 from api import application_changes
 from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
+from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.wrapper import Wrapper
 
 
+class Blocked(BaseModel):
+    """A loop of the wrapper whose steps keep failing: nothing it should capture moves."""
+
+    loop: str = Field(description="capturing and shipping, or pulling the source into the replica")
+    error: str
+    since: float = Field(description="unix time of the first failure of the streak")
+    attempts: int
+
+
+class QuarantinedRow(BaseModel):
+    relation: str
+    column: str | None = Field(description="the column whose value does not fit (None: the row could not be read)")
+    value: str | None = Field(description="a preview of the value")
+    reason: str
+    at: float = Field(description="unix time")
+
+
+class Quarantine(BaseModel):
+    """Captured rows left out of their updates because the views cannot take them
+    (docs/capture.md, "Rows the views cannot take")."""
+
+    rows: int = 0
+    by_relation: dict[str, int] = {}
+    last: QuarantinedRow | None = None
+
+
 class Health(BaseModel):
-    ok: bool
+    ok: bool = Field(description="false while a loop is blocked or has stopped")
     source: str
     last_seq: int
     shipped_through: int
@@ -43,6 +73,8 @@ class Health(BaseModel):
         description="the capture method, and for snapshot capture: snapshots applied, when the last was, "
         "the changes it found per table, the algorithm per table, and the last error (None if the last try worked)",
     )
+    blocked: Blocked | None = Field(default=None, description="set while capture keeps failing (3 tries in a row or more)")
+    quarantine: Quarantine = Field(default_factory=Quarantine)
 
 
 class ColumnInfo(BaseModel):
@@ -110,6 +142,11 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
     @app.exception_handler(WrapperError)
     async def unavailable(_: Request, exc: WrapperError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    @app.exception_handler(sa.exc.OperationalError)
+    async def source_unavailable(_: Request, exc: sa.exc.OperationalError) -> JSONResponse:
+        # the database's own trouble (locked, disconnected, out of resources): try again later
+        return JSONResponse({"detail": f"the source cannot answer right now: {reason(exc)}"}, status_code=503)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -8,6 +8,7 @@ from api.schemas import Interest, RelationInterest
 from wrappers.capture.base import OutboxRow
 from wrappers.errors import InvalidRequest
 from wrappers.interest import ChangeFilter
+from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.schema import SourceSchema, TableSchema
 
 SCHEMA = SourceSchema(
@@ -16,6 +17,7 @@ SCHEMA = SourceSchema(
         "s": TableSchema("s", ("x",), ("TEXT",), ()),
     }
 )
+FIT = Fitness("src", SCHEMA, "sqlite", DEFAULT_MAX_VALUE_BYTES)
 
 
 def col(name: str, rel: str = "r") -> dict:
@@ -40,7 +42,7 @@ def test_without_interest_everything_ships_in_full() -> None:
         OutboxRow(2, "r", "U", row(1, 2, "a"), row(1, 3, "a")),
         OutboxRow(3, "s", "D", {"x": "q"}, None),
     ]
-    assert signed(ChangeFilter.build(None, SCHEMA).changes(rows)) == [
+    assert signed(ChangeFilter.build(None, SCHEMA).changes(rows, FIT)) == [
         ("r", 1, row(1, 2, "a")),
         ("r", -1, row(1, 2, "a")),
         ("r", 1, row(1, 3, "a")),
@@ -62,15 +64,15 @@ def test_filter_and_project() -> None:
         OutboxRow(7, "s", "I", None, {"x": "q"}),  # s is not in the interest
         OutboxRow(8, "r", "I", None, {"id": 5, "b": 7}),  # a column missing from the JSON is NULL
     ]
-    assert signed(f.changes(rows)) == [
+    assert signed(f.changes(rows, FIT)) == [
         ("r", 1, {"id": 1, "v": "a"}),
         ("r", -1, {"id": 1, "v": "a"}),
         ("r", -1, {"id": 4, "v": "xy"}),
         ("r", 1, {"id": 5, "v": None}),
     ]
     everything = ChangeFilter.build(interest(["b"], None), SCHEMA)
-    assert signed(everything.changes(rows[:1])) == [("r", 1, {"b": 9})]
-    assert ChangeFilter.build(interest(["id"]), SCHEMA).changes(rows) == []  # no predicate holds
+    assert signed(everything.changes(rows[:1], FIT)) == [("r", 1, {"b": 9})]
+    assert ChangeFilter.build(interest(["id"]), SCHEMA).changes(rows, FIT) == []  # no predicate holds
 
 
 @pytest.mark.parametrize(

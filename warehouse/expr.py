@@ -9,7 +9,8 @@ A view's WHERE clause becomes a tree of the nodes below. The same tree is
 The Python reading follows SQL's three-valued logic: a comparison with NULL is unknown
 (``None``), ``AND``/``OR``/``NOT`` propagate unknown as SQL does, and a row passes a filter only
 when the predicate is ``True``. ``LIKE`` is case-sensitive everywhere (the wrappers configure
-their sources to match), so the manager and the sources agree on every row.
+their sources to match), so the manager and the sources agree on every row. NaN compares as
+in PostgreSQL and Spark, the engines that hold it: equal to itself, above every other number.
 
 >>> pred = And((Cmp(">", Col("r", "a"), Lit(1)), IsNull(Col("r", "b"), negated=True)))
 >>> fn = compile_predicate(pred, {Col("r", "a"): 0, Col("r", "b"): 1})
@@ -187,10 +188,86 @@ def _or3(values: list[Any]) -> bool | None:
     return None if any(v is None for v in values) else False
 
 
-def like_regex(pattern: str) -> re.Pattern[str]:
-    """SQL LIKE (``%`` any run, ``_`` one character, no escape) as an anchored regex."""
-    parts = [".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern]
-    return re.compile("".join(parts), re.DOTALL)
+class _LikeSegment:
+    """A piece of a LIKE pattern between two ``%``: literal characters and ``_`` (any one).
+
+    Without ``_`` it is plain text, found with ``str.find``; with ``_`` a regex of literals
+    and ``.`` only, which tries each start position once and never backtracks further than
+    the segment's own length."""
+
+    def __init__(self, text: str) -> None:
+        self.length = len(text)
+        self._text = text
+        self._regex = (
+            re.compile("".join("." if ch == "_" else re.escape(ch) for ch in text), re.DOTALL) if "_" in text else None
+        )
+
+    def matches_at(self, value: str, start: int) -> bool:
+        """Whether ``value[start:start + length]`` is this segment."""
+        if self._regex is None:
+            return value.startswith(self._text, start)
+        return self._regex.fullmatch(value, start, start + self.length) is not None
+
+    def find(self, value: str, start: int, end: int) -> int:
+        """The first position at or after ``start`` where the segment lies within ``value[:end]``; -1 if none."""
+        if self._regex is None:
+            return value.find(self._text, start, end)
+        found = self._regex.search(value, start, end)
+        return -1 if found is None else found.start()
+
+
+class LikeMatcher:
+    """SQL LIKE (``%`` any run, ``_`` one character, case-sensitive, no escape), in time
+    O(len(value) * len(pattern)) whatever the input.
+
+    A regex with one ``.*`` per ``%`` backtracks exponentially on a text that almost
+    matches (``%a%b%c%d%e%f%`` against 2 KB without an ``f``); this splits the pattern at
+    ``%`` instead: the first segment must start the value, the last must end it, and the
+    ones between are found left to right, each at its first fit after the previous one
+    (taking the first fit never loses a match: a later one leaves less room for the rest).
+
+    >>> like = LikeMatcher("ab_%c%")
+    >>> like("abxc"), like("abxyzc!"), like("abc"), like("Abxc")
+    (True, True, False, False)
+    >>> LikeMatcher("%a%b%c%d%e%f%")("ab" * 1000)
+    False
+    """
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._segments = [_LikeSegment(part) for part in pattern.split("%")]
+
+    def __call__(self, value: str) -> bool:
+        first, *rest = self._segments
+        if not rest:  # no %: the whole value is the one segment
+            return len(value) == first.length and first.matches_at(value, 0)
+        *middle, last = rest
+        end = len(value) - last.length
+        if end < first.length or not first.matches_at(value, 0) or not last.matches_at(value, end):
+            return False
+        position = first.length
+        for segment in middle:
+            found = segment.find(value, position, end)
+            if found < 0:
+                return False
+            position = found + segment.length
+        return True
+
+
+def _compare_nan(op: Callable[[Any, Any], bool], a: Any, b: Any) -> bool | None:
+    """``op(a, b)`` where ``a`` or ``b`` is NaN, ordered as PostgreSQL and Spark order it: NaN
+    equals NaN and is above every other number (Python's NaN compares false with everything).
+
+    >>> nan = float("nan")
+    >>> [_compare_nan(_CMP[op], nan, x) for op, x in (("=", nan), (">", 1e308), ("<>", 5), ("<", float("inf")))]
+    [True, True, True, False]
+    """
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return op(int(a != a), int(b != b))
+    try:  # against a non-number: as any comparison of mixed types
+        return op(a, b)
+    except TypeError:
+        return None
 
 
 def compile_value(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], Any]:
@@ -226,6 +303,8 @@ def compile_predicate(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], b
             a, b = left(row), right(row)
             if a is None or b is None:
                 return None
+            if a != a or b != b:  # NaN (only NaN differs from itself)
+                return _compare_nan(op, a, b)
             try:
                 return op(a, b)
             except TypeError:  # e.g. text against a number: unknown, never a crash
@@ -266,13 +345,13 @@ def compile_predicate(e: Expr, layout: Mapping[Col, int]) -> Callable[[tuple], b
         arg, negated = compile_value(e.arg, layout), e.negated
         return lambda row: (arg(row) is None) != negated
     if isinstance(e, Like):
-        arg, regex, negated = compile_value(e.arg, layout), like_regex(e.pattern), e.negated
+        arg, matches, negated = compile_value(e.arg, layout), LikeMatcher(e.pattern), e.negated
 
         def like(row: tuple) -> bool | None:
             a = arg(row)
             if a is None:
                 return None
-            return (isinstance(a, str) and regex.fullmatch(a) is not None) != negated
+            return (isinstance(a, str) and matches(a)) != negated
 
         return like
     if isinstance(e, Lit):
@@ -321,38 +400,83 @@ class WireError(ValueError):
     """A shipped expression that is not well formed."""
 
 
+MAX_WIRE_NODES = 500
+MAX_WIRE_DEPTH = 64
+MAX_WIRE_VALUES = 100_000
+MAX_LIKE_PATTERN = 10_000
+"""Bounds of a shipped expression: nodes (columns, literals, operators), nesting, literal
+values (IN lists included) and LIKE pattern characters. The sources' SQL parsers have
+limits of their own (SQLite: expression depth 1000, LIKE patterns of 50,000 bytes, 250,000
+bound values); a view that needs more is refused with the bound it passes, not a crash."""
+
+
+@dataclass
+class _WireBudget:
+    nodes: int = MAX_WIRE_NODES
+    values: int = MAX_WIRE_VALUES
+
+    def spend(self, nodes: int, values: int = 0) -> None:
+        self.nodes -= nodes
+        self.values -= values
+        if self.nodes < 0:
+            raise WireError(f"expression has more than {MAX_WIRE_NODES} nodes")
+        if self.values < 0:
+            raise WireError(f"expression has more than {MAX_WIRE_VALUES} literal values")
+
+
 def from_wire(d: Any) -> Expr:
+    """The expression ``d`` is the JSON form of; WireError if it is malformed or beyond the
+    bounds above."""
+    return _from_wire(d, 1, _WireBudget())
+
+
+def _from_wire(d: Any, depth: int, budget: _WireBudget) -> Expr:
     if not isinstance(d, dict):
         raise WireError(f"expression must be an object, got {type(d).__name__}")
+    if depth > MAX_WIRE_DEPTH:
+        raise WireError(f"expression is nested deeper than {MAX_WIRE_DEPTH} levels")
+    budget.spend(1)
     if "col" in d:
-        rel, name = d["col"]
-        return Col(str(rel), str(name))
+        ref = d["col"]
+        if not (isinstance(ref, list) and len(ref) == 2 and all(isinstance(part, str) for part in ref)):
+            raise WireError(f"a column is [relation, name], got {ref!r:.100}")
+        return Col(*ref)
     if "lit" in d:
-        value = d["lit"]
-        if not isinstance(value, (int, float, str, bool, type(None))):
-            raise WireError(f"literal must be a scalar, got {type(value).__name__}")
-        return Lit(value)
-    op, args = d.get("op"), [from_wire(a) for a in d.get("args", [])]
+        budget.spend(0, 1)
+        return Lit(_scalar(d["lit"], "literal"))
+    wire_args = d.get("args", [])
+    if not isinstance(wire_args, list):
+        raise WireError(f"args must be a list, got {type(wire_args).__name__}")
+    op, args = d.get("op"), [_from_wire(a, depth + 1, budget) for a in wire_args]
     negated = bool(d.get("negated", False))
     if op in _ARITH and len(args) == 2:
         return Arith(op, *args)
     if op in _CMP and len(args) == 2:
         return Cmp(op, *args)
-    if op == "and":
+    if op == "and" and args:
         return And(tuple(args))
-    if op == "or":
+    if op == "or" and args:
         return Or(tuple(args))
     if op == "not" and len(args) == 1:
         return Not(args[0])
-    if op == "in" and len(args) == 1:
-        return InList(args[0], tuple(d.get("values", [])), negated)
+    if op == "in" and len(args) == 1 and isinstance(values := d.get("values", []), list):
+        budget.spend(0, len(values))
+        return InList(args[0], tuple(_scalar(v, "an IN list value") for v in values), negated)
     if op == "between" and len(args) == 3:
         return Between(*args, negated=negated)
     if op == "is_null" and len(args) == 1:
         return IsNull(args[0], negated)
-    if op == "like" and len(args) == 1 and isinstance(d.get("pattern"), str):
-        return Like(args[0], d["pattern"], negated)
+    if op == "like" and len(args) == 1 and isinstance(pattern := d.get("pattern"), str):
+        if len(pattern) > MAX_LIKE_PATTERN:
+            raise WireError(f"LIKE pattern has {len(pattern)} characters, more than {MAX_LIKE_PATTERN}")
+        return Like(args[0], pattern, negated)
     raise WireError(f"unknown or malformed expression operator {op!r}")
+
+
+def _scalar(value: Any, what: str) -> Scalar:
+    if not isinstance(value, (int, float, str, bool, type(None))):
+        raise WireError(f"{what} must be a scalar, got {type(value).__name__}")
+    return value
 
 
 # -- SQL reading (parameterized; used by the wrappers) -----------------------------------

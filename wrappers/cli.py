@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from pvm.cli import CliError
@@ -28,7 +29,8 @@ CAPTURE_HELP = """capture methods (--capture):
                writers flag rows instead of deleting them and deletes are seen. Either way a
                row is missed if its transaction commits more than --settle-seconds after
                stamping it, or if it is stamped below what was already read.
-  application  the application posts its committed transactions to POST /v1/changes;
+  application  the application posts its committed transactions to POST /v1/changes with
+               --application-token (required, or --insecure-no-application-token);
                the source URL is read once for the schema and the initial copy into the
                replica. Needs a primary key; sees what the application reports.
   snapshot     every --snapshot-interval seconds, takes a snapshot of the tables (a SELECT
@@ -47,6 +49,11 @@ CAPTURE_HELP = """capture methods (--capture):
 timestamp, application and snapshot capture answer subqueries from the replica, which holds
 exactly the shipped updates (see docs/capture.md).
 
+unfit rows: a row holding a value its column's declared type cannot take (text in a REAL
+column of SQLite, 2 in a BOOLEAN one) or a text over --max-value-bytes is left out of the
+views, in captured updates and in subquery answers alike, and counted under quarantine in
+GET /v1/health.
+
 updates: every --poll-interval the wrapper reads, in one snapshot, everything committed since
 its previous read and ships it as ONE update: whole source transactions only (a transaction
 is never split), but all those one read sees are merged, so an update may hold several
@@ -58,6 +65,7 @@ transactions posted since the previous read. While the manager is down, capture 
 (trigger changes wait in the outbox, pulls and application posts go into the replica) and
 everything ships, in seq order, once it is back."""
 MANAGER_TOKEN_ENV = "PVM_MANAGER_TOKEN"
+log = logging.getLogger(__name__)
 
 # Secrets, and the source's URL (it may hold a password): also from a file or the environment.
 SOURCE_URL = SecretOption(
@@ -150,6 +158,8 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES
+
     parser.epilog = CAPTURE_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="wrapper_command", required=True, metavar="ACTION")
@@ -166,6 +176,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     WRAPPER_TOKEN.add_to(run_p)
     MANAGER_TOKEN.add_to(run_p)
     APPLICATION_TOKEN.add_to(run_p)
+    run_p.add_argument(
+        "--insecure-no-application-token",
+        action="store_true",
+        help="application capture: take changes from anyone who reaches the wrapper (a trusted network only)",
+    )
+    run_p.add_argument(
+        "--max-value-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_VALUE_BYTES,
+        help="a row holding a larger value (text in UTF-8 bytes) is left out of the views and counted as quarantined "
+        f"(default: {DEFAULT_MAX_VALUE_BYTES}, 16 MiB)",
+    )
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
     run_p.add_argument(
@@ -285,6 +307,29 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from exc
 
 
+def _application_token(args: argparse.Namespace) -> str | None:
+    """The secret application capture requires; a CLI error without one, unless the wrapper
+    is explicitly started insecure (which is logged as a warning)."""
+    if args.capture != "application":
+        if args.insecure_no_application_token:
+            raise CliError("--insecure-no-application-token belongs to --capture application")
+        return args.application_token
+    if args.application_token and args.insecure_no_application_token:
+        raise CliError("give either --application-token or --insecure-no-application-token, not both")
+    if args.application_token:
+        return args.application_token
+    if not args.insecure_no_application_token:
+        raise CliError(
+            f"application capture needs --application-token (or --application-token-file, or ${APPLICATION_TOKEN_ENV}): the secret the "
+            "application sends with its changes; --insecure-no-application-token takes changes from anyone"
+        )
+    log.warning(
+        "wrapper of %s takes application changes from anyone who reaches it (--insecure-no-application-token)",
+        args.source,
+    )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -298,6 +343,7 @@ def _serve(args: argparse.Namespace) -> int:
     for option in (SOURCE_URL, WRAPPER_TOKEN, MANAGER_TOKEN, APPLICATION_TOKEN):
         option.resolve(args)
     restrict_umask()  # before anything is written: state, outbox and replica hold source data
+    application_token = _application_token(args)
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
@@ -313,6 +359,7 @@ def _serve(args: argparse.Namespace) -> int:
         query_delay_ms=args.query_delay_ms,
         max_concurrent_queries=args.max_concurrent_queries,
         capture=_capture_config(args),
+        max_value_bytes=args.max_value_bytes,
     )
     try:
         wrapper = Wrapper(config)
@@ -320,6 +367,6 @@ def _serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     server = uvicorn_server(
-        create_app(wrapper, manager_token=args.manager_token, application_token=args.application_token)
+        create_app(wrapper, manager_token=args.manager_token, application_token=application_token)
     )
     return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))

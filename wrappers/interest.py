@@ -16,6 +16,7 @@ from api.schemas import Change, Interest
 from warehouse.expr import Col, WireError, columns, compile_filter, from_wire
 from wrappers.capture.base import OutboxRow
 from wrappers.errors import InvalidRequest
+from wrappers.quarantine import Fitness
 from wrappers.schema import SourceSchema, TableSchema
 
 
@@ -54,15 +55,19 @@ class ChangeFilter:
             relations[name] = RelationFilter(table, lambda row, tests=tests: any(t(row) for t in tests), tuple(wanted.columns))
         return cls(relations)
 
-    def changes(self, rows: Iterable[OutboxRow]) -> list[Change]:
+    def changes(self, rows: Iterable[OutboxRow], fit: Fitness) -> list[Change]:
         """The signed changes of ``rows``: an UPDATE is -old, +new; an UPDATE whose shipped
-        projection did not change is dropped (its two changes cancel out)."""
+        projection did not change is dropped (its two changes cancel out). A row the views
+        cannot take (``fit``) is left out, and the quarantine counts it."""
         out: list[Change] = []
         for r in rows:
             f = self._relations.get(r.relation)
             if f is None:
                 continue
-            old, new = f.apply(r.old), f.apply(r.new)
+            if r.unreadable is not None:
+                fit.unreadable(r.relation, r.unreadable)
+                continue
+            old, new = f.apply(fit(r.relation, r.old)), f.apply(fit(r.relation, r.new))
             if old is not None and old == new:
                 continue
             if old is not None:

@@ -4,7 +4,10 @@ The keys go into a TEMP table (``_k`` = key index, ``k0..kN`` = key columns), an
 parameterized statement built with SQLAlchemy Core joins it with the relation::
 
     SELECT t._k, r.<select…>, COUNT(*) FROM <keys> t JOIN <relation> r ON <on>
-    WHERE <where> GROUP BY t._k, r.<select…>
+    WHERE <where> AND <the row fits> GROUP BY t._k, r.<select…>
+
+where "the row fits" leaves out the rows the views cannot take, as captured changes leave
+them out (``wrappers.quarantine``).
 
 Every identifier is resolved against the reflected schema before anything runs, and every
 value is a bound parameter. Preparation (validation) happens before the wrapper takes a
@@ -38,6 +41,7 @@ from api.schemas import KEY_RELATION, Subquery
 from warehouse.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
 from wrappers.capture.types import Family, family_of, wire_value
 from wrappers.errors import InvalidRequest
+from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, checked_family, fit_clause
 from wrappers.schema import SourceSchema, TableSchema
 
 _MARIADB = ("mysql", "mariadb")
@@ -75,22 +79,25 @@ class PreparedQuery:
     shape: QueryShape
 
 
-def prepare(subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite") -> PreparedQuery:
+def prepare(
+    subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite", max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+) -> PreparedQuery:
     """Validate ``subquery`` against ``schema`` and build its statement for ``dialect`` (the
-    SQLAlchemy dialect name of the database it runs in); InvalidRequest if it is bad."""
+    SQLAlchemy dialect name of the database it runs in), leaving out the rows the views
+    cannot take (``wrappers.quarantine``); InvalidRequest if it is bad."""
     if subquery.alias == KEY_RELATION:
         raise InvalidRequest(f"alias {KEY_RELATION!r} is reserved for the keys")
     table = schema.table(subquery.relation)
     table.check_columns(subquery.select)
     on_json, where_json = _canonical(subquery.on), _canonical(subquery.where)
     on, where = _clauses(on_json, where_json, dialect)
-    width = len(subquery.keys[0]) if subquery.keys else _key_width(on)
-    if any(len(k) != width for k in subquery.keys):
-        raise InvalidRequest("all keys must have the same number of columns")
+    width = len(subquery.keys[0]) if subquery.keys else _key_width(on)  # one width: Subquery checks it
     families = (
         tuple(_key_family(j, subquery, table, on) for j in range(width)) if dialect in _BINARY_COLLATION else None
     )
-    shape = _shape(table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect)
+    shape = _shape(
+        table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect, max_value_bytes
+    )
     return PreparedQuery(subquery.keys, shape)
 
 
@@ -120,6 +127,7 @@ def _shape(
     width: int,
     families: tuple[Family, ...] | None,
     dialect: str,
+    max_value_bytes: int,
 ) -> QueryShape:
     on, where = _clauses(on_json, where_json, dialect)
     key_names = [f"k{j}" for j in range(width)]
@@ -150,12 +158,22 @@ def _shape(
         table.check_columns([col.name])
         return column(col.name)
 
-    selected = [column(name) for name in select]
+    def selected(name: str) -> Any:
+        """A selected column in its wire form: SQLite keeps an integer as it was written in
+        a float column of the replica (untyped), where the wire carries a float."""
+        if dialect == "sqlite" and checked_family(table.types[table.columns.index(name)]) == "float":
+            return sa.cast(relation.c[name], sa.Float)
+        return column(name)
+
+    selected_columns = [selected(name) for name in select]
     join = key_table.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
-    statement = sa.select(key_table.c["_k"], *selected, sa.func.count()).select_from(join)
+    statement = sa.select(key_table.c["_k"], *selected_columns, sa.func.count()).select_from(join)
     if where is not None:
         statement = statement.where(to_sqlalchemy(where, resolve))
-    statement = statement.group_by(key_table.c["_k"], *selected)
+    fit = fit_clause(table, dialect, max_value_bytes, column)
+    if fit is not None:
+        statement = statement.where(fit)
+    statement = statement.group_by(key_table.c["_k"], *selected_columns)
     return QueryShape(key_table, statement)
 
 
@@ -168,7 +186,8 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     """Run ``query`` in ``conn``'s transaction; rows are ``[key index, *values, count]``.
 
     The TEMP table lives in the connection's temp schema, so writing it does not end the
-    read snapshot of the main database.
+    read snapshot of the main database. A key or literal the database cannot hold (an
+    integer beyond 64 bits in SQLite, text that is no date) is an InvalidRequest.
     """
     if not query.keys:
         return []
@@ -178,6 +197,9 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
         names = [c.name for c in shape.key_table.columns][1:]
         conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
         return [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
+    except (sa.exc.DataError, OverflowError) as exc:
+        reason = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+        raise InvalidRequest(f"the source cannot take a key or literal value of this subquery: {reason}") from None
     finally:
         if conn.dialect.name in _MARIADB:  # its TEMPORARY tables outlive the transaction
             conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")

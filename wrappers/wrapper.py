@@ -42,15 +42,20 @@ from api.schemas import MAX_CHANGES_PER_UPDATE, MAX_UPDATES_PER_POST, Interest, 
 from wrappers import query
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
+from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError, masked_url
 from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
+from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.replica import RowChange
 from wrappers.shipper import Shipper
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
 
 log = logging.getLogger(__name__)
+
+BLOCKED_AFTER_ATTEMPTS = 3
+"""Failed steps in a row after which health reports a loop as blocked (one may be a lock)."""
 
 # An outbox row yields at most two changes (an UPDATE), so this many rows fit one Update.
 _ROWS_PER_UPDATE = MAX_CHANGES_PER_UPDATE // 2
@@ -71,6 +76,7 @@ class WrapperConfig:
     max_concurrent_queries: int = 1
     updates_per_post: int = MAX_UPDATES_PER_POST
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
 
 
 class Wrapper:
@@ -81,6 +87,8 @@ class Wrapper:
             raise WrapperError("max_concurrent_queries must be at least 1")
         if config.poll_interval <= 0:
             raise WrapperError("poll_interval must be positive")
+        if config.max_value_bytes < 1:
+            raise WrapperError("max_value_bytes must be at least 1")
         self.config = config
         self.state = WrapperState(config.state_dir, config.source)  # first: it locks out a twin
         capture: Capture | None = None
@@ -97,6 +105,7 @@ class Wrapper:
                     f"the state in {self.state.path} belongs to its previous life"
                 )
             self._filter = ChangeFilter.build(self.state.interest, self.schema)
+            self._fit = Fitness(config.source, self.schema, self.engine.dialect.name, config.max_value_bytes)
         except BaseException:
             self.state.close()
             if capture is not None:
@@ -111,6 +120,7 @@ class Wrapper:
         self._shipper: Shipper | None = None
         self._poller: asyncio.Task[None] | None = None
         self._puller: asyncio.Task[None] | None = None
+        self._failing: dict[str, LoopFailure] = {}  # by loop, while its steps keep failing
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,18 +186,20 @@ class Wrapper:
             await asyncio.to_thread(self._capture_now)
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
-        failing = False
         while True:
             try:
                 await step()
-                if failing:
+                if self._failing.pop(what, None) is not None:
                     log.info("%s (source %s) works again", what, self.config.source)
-                    failing = False
-            except Exception:
-                # Keep running (the source may be locked or briefly unavailable); log a streak once.
-                if not failing:
+            except Exception as exc:
+                # Keep running (the source may be locked or briefly unavailable); log a streak
+                # once, and let health show it while it lasts.
+                failure = self._failing.get(what)
+                if failure is None:
                     log.exception("%s (source %s) failed; retrying every %.2f s", what, self.config.source, self.config.poll_interval)
-                    failing = True
+                    failure = self._failing[what] = LoopFailure(time.time())
+                failure.attempts += 1
+                failure.error = f"{type(exc).__name__}: {reason(exc)}"[:1000]  # no SQL, no parameters
             await asyncio.sleep(self.config.poll_interval)
 
     def _capture_now(self) -> None:
@@ -207,7 +219,7 @@ class Wrapper:
             ids = () if self._ordered else [r.id for r in chunk]
             txids = {r.txid for r in chunk}
             txid = txids.pop() if len(txids) == 1 else None
-            seq = self.state.record(self._filter.changes(chunk), max(r.id for r in chunk), ids, txid)
+            seq = self.state.record(self._filter.changes(chunk, self._fit), max(r.id for r in chunk), ids, txid)
             if seq is not None:
                 log.debug("captured update %d of %s (%d outbox rows)", seq, self.config.source, len(chunk))
 
@@ -239,7 +251,7 @@ class Wrapper:
     async def answer(self, subquery: Subquery) -> SubqueryAnswer:
         """Join ``subquery.keys`` with a source relation in a snapshot whose watermark is exact."""
         started = time.perf_counter()
-        prepared = query.prepare(subquery, self.schema, self.engine.dialect.name)
+        prepared = query.prepare(subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes)
         async with self._lock:
             async with self._capture_lock:
                 snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture)
@@ -289,16 +301,37 @@ class Wrapper:
     def _loops(self) -> list[asyncio.Task[None] | None]:
         return [self._poller, self._puller] if self.capture.pull is not None else [self._poller]
 
+    def blocked(self) -> dict[str, object] | None:
+        """The loop that has failed at least ``BLOCKED_AFTER_ATTEMPTS`` times in a row (the
+        longest failing, if several): its error, since when and how many tries; else None."""
+        failures = [(f.since, what, f) for what, f in self._failing.items() if f.attempts >= BLOCKED_AFTER_ATTEMPTS]
+        if not failures:
+            return None
+        since, what, failure = min(failures, key=lambda item: item[0])
+        return {"loop": what, "error": failure.error, "since": since, "attempts": failure.attempts}
+
     def health(self) -> dict[str, object]:
+        blocked = self.blocked()
         return {
-            "ok": all(t is not None and not t.done() for t in self._loops()),
+            "ok": blocked is None and all(t is not None and not t.done() for t in self._loops()),
             "source": self.config.source,
             "last_seq": self.state.last_seq,
             "shipped_through": self._shipped_through,
             "acked_through": self.state.acked_through,
             "pending": self.state.pending_count(),
             "capture": {"method": self.config.capture.method, **(self.capture.status() if self.capture.status else {})},
+            "blocked": blocked,
+            "quarantine": self._fit.quarantine.status(),
         }
+
+
+@dataclass
+class LoopFailure:
+    """A streak of failed steps of one of the wrapper's loops."""
+
+    since: float
+    attempts: int = 0
+    error: str = ""
 
 
 def _chunks(rows: list[OutboxRow], source: str) -> Iterator[list[OutboxRow]]:

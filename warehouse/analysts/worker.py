@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api.schemas import encode_value
 from warehouse.analysts.messages import (
     Cancel,
     Published,
@@ -72,12 +73,12 @@ def json_value(value: Any) -> Any:
     """A JSON-friendly form of what Spark returns.
 
     >>> json_value(float("inf")), json_value(decimal.Decimal("1.50")), json_value(b"\\x00")
-    ('inf', '1.50', 'AA==')
+    ({'$float': 'Infinity'}, '1.50', 'AA==')
     """
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        return value if math.isfinite(value) else encode_value(value)  # tagged, as on every wire
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
+from api.schemas import dumps_wire_json, loads_wire_json
 import migrations
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
@@ -165,7 +166,9 @@ class Catalog:
         self.url = url
         key_file = key_file or key_file_for(url, None)
         self.sealer = TokenSealer(key_file) if key_file is not None else None
-        self.engine = create_engine(url)
+        # Update rows may hold non-finite floats: stored tagged (a PostgreSQL JSON column
+        # refuses NaN), read back with every NaN the one object Z-sets can cancel.
+        self.engine = create_engine(url, json_serializer=dumps_wire_json, json_deserializer=loads_wire_json)
         if self.engine.dialect.name == "sqlite":
             _private_sqlite_file(url)
             _sqlite_pragmas(self.engine)

@@ -15,6 +15,8 @@ acknowledged rows by id (``delete_outbox_ids``), forgetting them only afterwards
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -30,7 +32,8 @@ Op = Literal["I", "U", "D"]
 @dataclass(frozen=True)
 class OutboxRow:
     """One captured row change: ``old`` is None for an insert, ``new`` is None for a delete.
-    ``txid`` is the source transaction's id where the database exposes one."""
+    ``txid`` is the source transaction's id where the database exposes one. ``unreadable``
+    says why its JSON could not be read (then it has no values: the change is quarantined)."""
 
     id: int
     relation: str
@@ -38,6 +41,40 @@ class OutboxRow:
     old: dict[str, Any] | None
     new: dict[str, Any] | None
     txid: str | None = None
+    unreadable: str | None = None
+
+
+def outbox_row(id: int, relation: str, op: Op, old: str | None, new: str | None) -> OutboxRow:
+    """An outbox row whose values a trigger wrote as JSON text (SQLite, MariaDB)."""
+    try:
+        return OutboxRow(id, relation, op, row_json(old), row_json(new))
+    except ValueError as exc:
+        return OutboxRow(id, relation, op, None, None, unreadable=str(exc))
+
+
+# A JSON string, or a bare Inf / -Inf outside of strings (what SQLite before 3.42 writes for
+# an infinite REAL; later versions write 9.0e+999, which json.loads reads as infinity).
+_STRING_OR_INF = re.compile(r'"(?:[^"\\]|\\.)*"|(-?)\bInf\b')
+
+
+def row_json(text: str | None) -> dict[str, Any] | None:
+    """The row a trigger wrote as JSON; ValueError if it cannot be read.
+
+    >>> row_json('{"v":Inf,"w":-Inf,"t":"Inf:Inf"}')
+    {'v': inf, 'w': -inf, 't': 'Inf:Inf'}
+    """
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    spelled = _STRING_OR_INF.sub(lambda m: m.group(0) if m.group(0)[0] == '"' else m.group(1) + "Infinity", text)
+    try:
+        return json.loads(spelled)
+    except ValueError as exc:
+        shown = text if len(text) <= 80 else text[:80] + "…"
+        raise ValueError(f"malformed JSON in the outbox ({exc}): {shown}") from None
 
 
 class CaptureDialect(Protocol):

@@ -23,12 +23,11 @@ subquery keys) neither commits nor changes it.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import OUTBOX, OutboxRow
+from wrappers.capture.base import OUTBOX, OutboxRow, outbox_row
 from wrappers.capture.common import (
     RESERVED_PREFIX,
     check_tables,
@@ -179,10 +178,7 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     result = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
-    return [
-        OutboxRow(id, relation, op, json.loads(old) if old is not None else None, json.loads(new) if new is not None else None)
-        for id, relation, op, old, new in result
-    ]
+    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]
 
 
 def outbox_high_water(engine: sa.Engine) -> int:

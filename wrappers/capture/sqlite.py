@@ -9,7 +9,6 @@ never block the application's writers.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
-from wrappers.capture.base import OUTBOX, OutboxRow
+from wrappers.capture.base import OUTBOX, OutboxRow, outbox_row
 from wrappers.errors import WrapperError, masked_url
 
 TRIGGER_PREFIX = "_pvm_"
@@ -28,6 +27,7 @@ BUSY_TIMEOUT_S = 10.0
 # wider rows are merged from several objects.
 _COLUMNS_PER_JSON_OBJECT = 60
 _OPS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
+_LARGEST_DOUBLE = "1.7976931348623157e308"
 
 
 # -- connections -----------------------------------------------------------------------
@@ -109,12 +109,16 @@ def _json_row(engine: sa.Engine, ref: str, columns: Sequence[str]) -> str:
     """``json_object`` of the trigger row ``ref`` (NEW or OLD) over ``columns``.
 
     BLOB values become hex text: JSON cannot hold them, and a trigger error would make the
-    application's own write fail.
+    application's own write fail. A finite REAL is written with 17 significant digits, which
+    read back as the same double (``json_object`` writes 15, and 0.1 + 0.2 would arrive as
+    0.3 while a subquery answers 0.30000000000000004); an infinite one as ``json_object``
+    writes it (``Inf`` before SQLite 3.42, read by ``base.row_json``).
     """
 
     def value(column: str) -> str:
         v = f"{ref}.{_quote(engine, column)}"
-        return f"CASE WHEN typeof({v}) = 'blob' THEN hex({v}) ELSE {v} END"
+        exact = f"CASE WHEN abs({v}) <= {_LARGEST_DOUBLE} THEN json(printf('%!.17g', {v})) ELSE {v} END"
+        return f"CASE typeof({v}) WHEN 'blob' THEN hex({v}) WHEN 'real' THEN {exact} ELSE {v} END"
 
     objects = [
         "json_object(" + ", ".join(f"{_text_literal(c)}, {value(c)}" for c in columns[i : i + _COLUMNS_PER_JSON_OBJECT]) + ")"
@@ -211,10 +215,7 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     result = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
-    return [
-        OutboxRow(id, relation, op, json.loads(old) if old is not None else None, json.loads(new) if new is not None else None)
-        for id, relation, op, old, new in result
-    ]
+    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]
 
 
 def delete_outbox(engine: sa.Engine, through: int) -> None:

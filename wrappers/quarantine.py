@@ -1,0 +1,300 @@
+"""Rows the views cannot take, left out the same way everywhere the wrapper shows a relation.
+
+A dynamically typed source (SQLite, and the SQLite replica of the other capture methods)
+can hold text in a REAL column, a blob in an INTEGER one, or 2 in a BOOLEAN one; any source
+can hold a text far larger than an update may be. Shipped, such a value fails the view's
+store (a Spark DOUBLE column cannot take text) or the manager's size limit, and the source
+stalls behind it. So a row is *unfit* when a value of any of its columns does not fit the
+column's declared type, or is larger than ``max_value_bytes``, and an unfit row is treated
+as absent from the relation:
+
+* captured changes: an unfit old or new row is dropped from its update (``RowCheck``), the
+  rest of the transaction ships, and the drop is counted (``Quarantine``);
+* subquery answers (the initial load is one): unfit rows are filtered out in the source's
+  own SQL (``fit_clause``), by the same rules.
+
+Both paths apply one rule, so views stay exact relative to "the source minus its unfit
+rows": an UPDATE that repairs a value arrives as a delete of the unfit row (dropped) and an
+insert of the fit one (shipped). Every column of the relation is checked, not only those
+the views read: the rule must not change when a view is defined or dropped, or a new view
+could hide a row that older views already hold (its later delete would then be dropped).
+
+What fits each type family (``wrappers.capture.types``), checked on SQLite only (PostgreSQL
+and MariaDB enforce their column types themselves):
+
+==========  ===================================  ==========================================
+family      captured value (JSON)                SQLite ``typeof``
+==========  ===================================  ==========================================
+integer     an integer                           integer
+float       a number (an integer becomes float)  integer, real
+numeric     a number                             integer, real
+boolean     0 or 1                               integer 0 or 1
+text, date  a string (blobs travel as hex)       text, blob
+==========  ===================================  ==========================================
+
+NULL always fits; an untyped column takes anything. Sizes count UTF-8 bytes of text (and of
+a blob's hex form) on every dialect.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from api.schemas import NAN
+from warehouse.store.types import spark_type
+from wrappers.capture.types import Family, family_of
+from wrappers.schema import SourceSchema, TableSchema
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
+LOG_EVERY_SECONDS = 60.0
+PREVIEW_CHARS = 60
+PLANS_PER_RELATION = 256
+
+# The family a view's store gives a type that the wrapper's own families do not cover (a
+# SQLite column declared STRING has numeric affinity, but the store makes it a Spark STRING).
+_STORE_FAMILIES: dict[str, Family] = {"BIGINT": "integer", "DOUBLE": "float", "STRING": "text", "BOOLEAN": "boolean"}
+
+_PYTHON_TYPES: dict[Family, tuple[type, ...]] = {
+    "integer": (int,),
+    "float": (int, float),
+    "numeric": (int, float),
+    "boolean": (int,),
+    "text": (str,),
+    "date": (str,),
+}
+_SQLITE_TYPES: dict[Family, tuple[str, ...]] = {
+    "integer": ("integer",),
+    "float": ("integer", "real"),
+    "numeric": ("integer", "real"),
+    "boolean": ("integer",),
+    "text": ("text", "blob"),
+    "date": ("text", "blob"),
+}
+_KINDS = {str: "text", int: "integer", float: "real", bool: "boolean"}
+# PostgreSQL's to_jsonb writes a non-finite double precision or numeric as a JSON string.
+_POSTGRESQL_NON_FINITE = {"NaN": NAN, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def checked_family(type_name: str) -> Family | None:
+    """The family whose values a column of declared type ``type_name`` must hold; None: any."""
+    family = family_of(type_name)
+    if family is None:
+        family = _STORE_FAMILIES.get(spark_type(type_name) or "")
+    return family
+
+
+class Unfit(Exception):
+    """A row the views cannot take, and why (for the quarantine's report)."""
+
+    def __init__(self, relation: str, column: str | None, value: Any, why: str) -> None:
+        super().__init__(f"{relation}.{column} = {preview(value)}: {why}" if column is not None else f"{relation}: {why}")
+        self.relation = relation
+        self.column = column
+        self.value = value
+        self.why = why
+
+
+def preview(value: Any) -> str:
+    """A short, printable form of ``value`` for logs and health.
+
+    >>> preview("x" * 100)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx… (100 characters)"
+    """
+    if isinstance(value, str) and len(value) > PREVIEW_CHARS:
+        return repr(value[:PREVIEW_CHARS])[: PREVIEW_CHARS - 3] + f"… ({len(value)} characters)"
+    return repr(value)
+
+
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to do with a row whose values have given Python types (positions in the row)."""
+
+    unfit: tuple[int, str] | None = None  # the first value whose type does not fit, and why
+    to_float: tuple[int, ...] = ()  # integers of float columns
+    booleans: tuple[int, ...] = ()  # integers of boolean columns: 0 or 1
+    non_finite: tuple[int, ...] = ()  # PostgreSQL's "NaN", "Infinity", "-Infinity" texts
+    texts: tuple[int, ...] = ()  # sizes to check
+
+
+class RowCheck:
+    """The captured-change half of the rule for one relation (see the module docstring).
+
+    A row's value types mostly repeat, so what they call for is worked out once per
+    combination of types (a bounded cache) and a row costs a few C-level passes.
+
+    >>> table = TableSchema("items", ("id", "val", "flag"), ("INTEGER", "REAL", "BOOLEAN"), ("id",))
+    >>> check = RowCheck(table, "sqlite", max_value_bytes=100)
+    >>> check({"id": 1, "val": 3, "flag": 1})
+    {'id': 1, 'val': 3.0, 'flag': 1}
+    >>> check({"id": 2, "val": "oops", "flag": 0})
+    Traceback (most recent call last):
+    ...
+    wrappers.quarantine.Unfit: items.val = 'oops': a text value in a column declared REAL
+    """
+
+    def __init__(self, table: TableSchema, dialect: str, max_value_bytes: int) -> None:
+        self.relation = table.name
+        self._columns = table.columns
+        self._types = table.types
+        self._families = tuple(checked_family(t) for t in table.types)
+        self._dialect = dialect
+        self._max_bytes = max_value_bytes
+        self._fast_chars = max_value_bytes // 4  # no text this short can exceed the limit
+        self._plan = functools.lru_cache(maxsize=PLANS_PER_RELATION)(self._make_plan)
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with values in their wire form (an integer of a float column as a float,
+        PostgreSQL's non-finite numbers as floats); Unfit if the views cannot take it."""
+        values = tuple(map(row.get, self._columns))
+        plan = self._plan(tuple(map(type, values)))
+        if plan.unfit is not None:
+            i, why = plan.unfit
+            raise Unfit(self.relation, self._columns[i], values[i], why)
+        for i in plan.to_float:
+            row[self._columns[i]] = float(values[i])
+        for i in plan.booleans:
+            if values[i] not in (0, 1):
+                raise Unfit(self.relation, self._columns[i], values[i], f"{values[i]} in a column declared {self._types[i]} (0 or 1)")
+        for i in plan.non_finite:
+            if values[i] not in _POSTGRESQL_NON_FINITE:
+                raise Unfit(self.relation, self._columns[i], values[i], f"a text value in a column declared {self._types[i]}")
+            row[self._columns[i]] = _POSTGRESQL_NON_FINITE[values[i]]
+        for i in plan.texts:
+            if len(values[i]) > self._fast_chars and (size := utf8_size(values[i])) > self._max_bytes:
+                raise Unfit(self.relation, self._columns[i], values[i], f"{size} bytes, above --max-value-bytes {self._max_bytes}")
+        return row
+
+    def _make_plan(self, kinds: tuple[type, ...]) -> _Plan:
+        to_float, booleans, non_finite, texts = [], [], [], []
+        for i, (kind, family) in enumerate(zip(kinds, self._families)):
+            if kind is str:
+                texts.append(i)
+            if kind is type(None) or family is None:
+                continue
+            if self._dialect == "postgresql":
+                if kind is str and family in ("float", "numeric"):
+                    non_finite.append(i)
+            elif self._dialect == "sqlite":
+                if kind not in _PYTHON_TYPES[family]:
+                    return _Plan(unfit=(i, f"a {_KINDS.get(kind, kind.__name__)} value in a column declared {self._types[i]}"))
+                if family == "float" and kind is int:
+                    to_float.append(i)
+                elif family == "boolean":
+                    booleans.append(i)
+        return _Plan(None, tuple(to_float), tuple(booleans), tuple(non_finite), tuple(texts))
+
+
+def fit_clause(
+    table: TableSchema, dialect: str, max_value_bytes: int, column: Callable[[str], Any]
+) -> sa.ColumnElement[bool] | None:
+    """The subquery half of the rule: a condition true exactly for the fit rows of ``table``,
+    in ``dialect``'s SQL (``column`` gives a column's expression; None: every row fits).
+
+    It agrees with ``RowCheck`` value by value: SQLite ``typeof`` for the type families,
+    and text sizes in UTF-8 bytes (PostgreSQL counts the database's encoding, UTF-8 unless
+    it was created otherwise)."""
+    conditions = [
+        condition
+        for name, type_name in zip(table.columns, table.types)
+        if (condition := _fits(column(name), checked_family(type_name), dialect, max_value_bytes)) is not None
+    ]
+    return sa.and_(*conditions) if conditions else None
+
+
+def _fits(value: Any, family: Family | None, dialect: str, max_value_bytes: int) -> sa.ColumnElement[bool] | None:
+    """Whether one column's value fits, with one ``typeof`` call per value on SQLite."""
+    if dialect != "sqlite":  # only text can grow large (a date's ISO text cannot)
+        return sa.func.coalesce(sa.func.octet_length(value), 0) <= max_value_bytes if family == "text" else None
+    kind = sa.func.typeof(value)
+    if family in ("integer", "float", "numeric"):
+        return kind.in_(("null", *_SQLITE_TYPES[family]))
+    if family == "boolean":
+        return sa.case({"null": True, "integer": value.in_((0, 1))}, value=kind, else_=False) == sa.true()
+    sized = {
+        "null": True,
+        "text": sa.func.length(sa.cast(value, sa.LargeBinary)) <= max_value_bytes,
+        "blob": sa.func.length(value) <= max_value_bytes // 2,  # shipped as hex: two characters a byte
+    }
+    return sa.case(sized, value=kind, else_=family is None) == sa.true()  # text, date: no numbers
+
+
+@dataclass
+class _Count:
+    rows: int = 0
+    logged_at: float = -math.inf
+    unlogged: int = 0
+
+
+class Quarantine:
+    """How many captured rows were left out, per relation, and the last reason. Logged at
+    most once per relation every ``log_every`` seconds (with the count in between)."""
+
+    def __init__(self, source: str, log_every: float = LOG_EVERY_SECONDS) -> None:
+        self._source = source
+        self._log_every = log_every
+        self._counts: dict[str, _Count] = {}
+        self._last: dict[str, Any] | None = None
+
+    def note(self, problem: Unfit) -> None:
+        count = self._counts.setdefault(problem.relation, _Count())
+        count.rows += 1
+        count.unlogged += 1
+        now = time.time()
+        self._last = {
+            "relation": problem.relation,
+            "column": problem.column,
+            "value": preview(problem.value) if problem.column is not None else None,
+            "reason": problem.why,
+            "at": now,
+        }
+        if now - count.logged_at >= self._log_every:
+            log.warning(
+                "source %s: left a row of %s out of its update (%d since the last report): %s",
+                self._source, problem.relation, count.unlogged, problem,
+            )  # fmt: skip
+            count.logged_at, count.unlogged = now, 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rows": sum(c.rows for c in self._counts.values()),
+            "by_relation": {relation: c.rows for relation, c in self._counts.items()},
+            "last": self._last,
+        }
+
+
+class Fitness:
+    """The rule for every relation of one source (its dialect, its size limit), applied to
+    captured rows, with the quarantine that counts what it left out."""
+
+    def __init__(self, source: str, schema: SourceSchema, dialect: str, max_value_bytes: int) -> None:
+        self.max_value_bytes = max_value_bytes
+        self.quarantine = Quarantine(source)
+        self._checks = {name: RowCheck(table, dialect, max_value_bytes) for name, table in schema.tables.items()}
+
+    def __call__(self, relation: str, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Captured ``row`` of ``relation`` in its wire form, or None (counted) if it is unfit."""
+        if row is None:
+            return None
+        try:
+            return self._checks[relation](row)
+        except Unfit as problem:
+            self.quarantine.note(problem)
+            return None
+
+    def unreadable(self, relation: str, reason: str) -> None:
+        """Count a captured change the wrapper could not even read (its JSON is malformed)."""
+        self.quarantine.note(Unfit(relation, None, None, reason))
