@@ -268,7 +268,8 @@ class Wrapper:
                 rows = await snapshot.run(lambda conn: query.evaluate(conn, prepared))
         finally:
             snapshot.close()
-        return SubqueryAnswer(watermark=watermark, rows=rows, elapsed_ms=(time.perf_counter() - started) * 1000)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return SubqueryAnswer.model_construct(watermark=watermark, rows=rows, elapsed_ms=elapsed_ms)  # rows: wire values
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:
