@@ -251,7 +251,9 @@ class Wrapper:
     async def answer(self, subquery: Subquery) -> SubqueryAnswer:
         """Join ``subquery.keys`` with a source relation in a snapshot whose watermark is exact."""
         started = time.perf_counter()
-        prepared = query.prepare(subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes)
+        prepared = query.prepare(
+            subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
+        )
         async with self._lock:
             async with self._capture_lock:
                 snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture)
