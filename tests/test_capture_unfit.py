@@ -160,7 +160,7 @@ def test_an_adversarial_like_does_not_stall_the_wrapper(db: Path, manager: FakeM
 TYPES = ["INTEGER", "REAL", "NUMERIC", "BOOLEAN", "TEXT", "DATE", "STRING", "", "BLOB", "VARCHAR(10)"]
 VALUES = [
     None, 0, 1, 2, -(2**63), 2**63 - 1, 0.0, 1.0, 2.5, -1e300, math.inf, -math.inf, "", "0", "1", "12", "2.5",
-    "1e5", "abc", "2024-01-31", "é" * 9, "é" * 10, "x" * 21, b"", b"\x00\xff", b"0123456789",
+    "1e5", "abc", "2024-01-31", "é" * 9, "é" * 10, "x" * 20, "x" * 21, b"", b"\x00\xff", b"0123456789", b"\x01" * 11,
 ]  # fmt: skip
 
 
