@@ -24,7 +24,7 @@ from wrappers import query
 from wrappers.capture import sqlite as capture
 from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.quarantine import Fitness
-from wrappers.schema import SourceSchema
+from wrappers.schema import SourceSchema, TableSchema
 from tests.capture_support import maria_url, pg_url, run_sql  # noqa: F401 (fixtures)
 from tests.fake_manager import FakeManager
 
@@ -160,18 +160,22 @@ def test_an_adversarial_like_does_not_stall_the_wrapper(db: Path, manager: FakeM
 TYPES = ["INTEGER", "REAL", "NUMERIC", "BOOLEAN", "TEXT", "DATE", "STRING", "", "BLOB", "VARCHAR(10)"]
 VALUES = [
     None, 0, 1, 2, -(2**63), 2**63 - 1, 0.0, 1.0, 2.5, -1e300, math.inf, -math.inf, "", "0", "1", "12", "2.5",
-    "1e5", "abc", "2024-01-31", "é" * 9, "é" * 10, "x" * 21, b"", b"\x00\xff", b"0123456789",
+    "1e5", "abc", "2024-01-31", "é" * 9, "é" * 10, "x" * 20, "x" * 21, b"", b"\x00\xff", b"0123456789", b"\x01" * 11,
 ]  # fmt: skip
 
 
-def test_captured_rows_and_answers_apply_the_same_rule(tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["declared", "untyped"])
+def test_captured_rows_and_answers_apply_the_same_rule(tmp_path: Path, storage: str) -> None:
     """Every value of every type family, through the trigger's JSON and the fitness check on
     one side and through the subquery's SQL on the other: the same rows are left out, and
-    the rows kept hold the same values."""
+    the rows kept hold the same values. In a SQLite source (declared types: SQLite's
+    affinities convert some values on the way in) and in a replica (untyped columns that
+    keep every value as given, with the source's types in the schema)."""
     path = tmp_path / "src.db"
     columns = [f"c{i}" for i in range(len(TYPES))]
+    ddl = ", ".join(f"{c} {t}" if storage == "declared" else c for c, t in zip(columns, TYPES))
     with sqlite3.connect(path) as conn:
-        conn.execute(f"CREATE TABLE t (id INTEGER PRIMARY KEY, {', '.join(f'{c} {t}' for c, t in zip(columns, TYPES))})")
+        conn.execute(f"CREATE TABLE t (id INTEGER PRIMARY KEY, {ddl})")
     engine = capture.open_engine(f"sqlite:///{path}")
     try:
         capture.install(engine, ["t"])
@@ -180,14 +184,15 @@ def test_captured_rows_and_answers_apply_the_same_rule(tmp_path: Path) -> None:
         rows += [(600 + i * len(TYPES) + j, *(v if k == j else None for k in range(len(TYPES)))) for i, v in enumerate(VALUES) for j in range(len(TYPES))]
         with sqlite3.connect(path) as conn:
             conn.executemany(f"INSERT INTO t VALUES ({', '.join('?' * (len(columns) + 1))})", rows)
-        schema = SourceSchema.reflect(engine, ["t"])
+        schema = SourceSchema({"t": TableSchema("t", ("id", *columns), ("INTEGER", *TYPES), ("id",))})
         fit = Fitness("src", schema, "sqlite", max_value_bytes=20)
         with engine.connect() as conn:
             captured = {row.new["id"]: row.new for row in capture.read_outbox(conn, 0) if fit("t", row.new) is not None}
         subquery = Subquery(relation="t", alias="t", keys=[[]], select=["id", *columns])
+        prepared = query.prepare(subquery, schema, "sqlite", 20, affinities=storage == "declared")
         conn = capture.begin_snapshot(engine)
         try:
-            answered = {row[1]: dict(zip(["id", *columns], row[1:-1])) for row in query.evaluate(conn, query.prepare(subquery, schema, "sqlite", 20))}
+            answered = {row[1]: dict(zip(["id", *columns], row[1:-1])) for row in query.evaluate(conn, prepared)}
         finally:
             conn.close()
         assert 0 < len(answered) < len(rows)

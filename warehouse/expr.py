@@ -234,7 +234,6 @@ class LikeMatcher:
     """
 
     def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
         self._segments = [_LikeSegment(part) for part in pattern.split("%")]
 
     def __call__(self, value: str) -> bool:

@@ -80,11 +80,17 @@ class PreparedQuery:
 
 
 def prepare(
-    subquery: Subquery, schema: SourceSchema, dialect: str = "sqlite", max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    subquery: Subquery,
+    schema: SourceSchema,
+    dialect: str = "sqlite",
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    affinities: bool = True,
 ) -> PreparedQuery:
     """Validate ``subquery`` against ``schema`` and build its statement for ``dialect`` (the
     SQLAlchemy dialect name of the database it runs in), leaving out the rows the views
-    cannot take (``wrappers.quarantine``); InvalidRequest if it is bad."""
+    cannot take (``wrappers.quarantine.fit_clause``, whose ``affinities`` say whether the
+    schema's declared types are those of the queried tables: not so in a replica);
+    InvalidRequest if it is bad."""
     if subquery.alias == KEY_RELATION:
         raise InvalidRequest(f"alias {KEY_RELATION!r} is reserved for the keys")
     table = schema.table(subquery.relation)
@@ -96,7 +102,7 @@ def prepare(
         tuple(_key_family(j, subquery, table, on) for j in range(width)) if dialect in _BINARY_COLLATION else None
     )
     shape = _shape(
-        table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect, max_value_bytes
+        table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect, max_value_bytes, affinities
     )
     return PreparedQuery(subquery.keys, shape)
 
@@ -128,6 +134,7 @@ def _shape(
     families: tuple[Family, ...] | None,
     dialect: str,
     max_value_bytes: int,
+    affinities: bool,
 ) -> QueryShape:
     on, where = _clauses(on_json, where_json, dialect)
     key_names = [f"k{j}" for j in range(width)]
@@ -170,7 +177,7 @@ def _shape(
     statement = sa.select(key_table.c["_k"], *selected_columns, sa.func.count()).select_from(join)
     if where is not None:
         statement = statement.where(to_sqlalchemy(where, resolve))
-    fit = fit_clause(table, dialect, max_value_bytes, column)
+    fit = fit_clause(table, dialect, max_value_bytes, column, affinities)
     if fit is not None:
         statement = statement.where(fit)
     statement = statement.group_by(key_table.c["_k"], *selected_columns)

@@ -251,7 +251,9 @@ class Wrapper:
     async def answer(self, subquery: Subquery) -> SubqueryAnswer:
         """Join ``subquery.keys`` with a source relation in a snapshot whose watermark is exact."""
         started = time.perf_counter()
-        prepared = query.prepare(subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes)
+        prepared = query.prepare(
+            subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
+        )
         async with self._lock:
             async with self._capture_lock:
                 snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture)
@@ -268,7 +270,8 @@ class Wrapper:
                 rows = await snapshot.run(lambda conn: query.evaluate(conn, prepared))
         finally:
             snapshot.close()
-        return SubqueryAnswer(watermark=watermark, rows=rows, elapsed_ms=(time.perf_counter() - started) * 1000)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return SubqueryAnswer.model_construct(watermark=watermark, rows=rows, elapsed_ms=elapsed_ms)  # rows: wire values
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:
