@@ -756,8 +756,8 @@ def _view_routes(manager: Manager) -> APIRouter:
         rows: int | None
         try:  # counted where the rows are read (the analysts' query process), not here
             rows = (await manager.read_page(name, watermark, False, 0, 0, "view status"))[2]
-        except Exception:  # a view being dropped or failed, a busy query process: no count
-            rows = None
+        except Exception:  # a view being dropped or failed, a busy query process: no count,
+            return None, watermark  # and none kept: the next status asks again
         counts[name] = (watermark, time.monotonic(), time.monotonic() - started, rows)
         return rows, watermark
 

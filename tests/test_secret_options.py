@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -167,6 +168,10 @@ def test_serve_takes_its_catalog_url_from_a_file_or_the_environment(tmp_path: Pa
     try:
         url = read_line(serve).split()[-1]
         token = (data_dir / "admin-token").read_text().strip()
+        deadline = time.monotonic() + 60  # the API answers 503 until the manager has started
+        while httpx.get(f"{url}/v1/ready").status_code != 200:
+            assert time.monotonic() < deadline, "the manager did not start"
+            time.sleep(0.1)
         assert httpx.get(f"{url}/v1/tokens", headers={"Authorization": f"Bearer {token}"}).status_code == 200
     finally:
         serve.terminate()

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.schemas import NAN, Change, Subquery, SubqueryAnswer, Update, UpdateBatch, dumps_wire_json, loads_wire_json
-from warehouse.catalog.db import Catalog
+from warehouse.catalog.db import Catalog, NewUpdate, content_digest
 from warehouse.expr import Cmp, Col, Lit, compile_filter
 from warehouse.zset import ZSet
 
@@ -71,7 +71,7 @@ def test_the_catalog_keeps_non_finite_floats_and_gives_back_one_nan(tmp_path) ->
     try:
         catalog.add_source("s", "http://127.0.0.1:1", "trigger", [])
         changes = [{"relation": "r", "sign": 1, "row": {"a": float("nan"), "b": math.inf}}]
-        catalog.append_updates("s", [(1, changes, None, None)])
+        catalog.append_updates("s", [NewUpdate(1, changes, None, None, content_digest(changes))])
         (entry,) = catalog.log_entries("s", 0)
         assert entry.changes[0]["row"]["a"] is NAN and entry.changes[0]["row"]["b"] == math.inf
     finally:
