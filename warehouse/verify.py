@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import sqlglot
 from sqlglot import exp
 
-from api.schemas import Subquery
+from api.schemas import NAN, Subquery
 from warehouse import expr
 from warehouse.catalog.db import LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
@@ -219,8 +219,8 @@ def spark_recompute(spark: SparkSession, plan: ViewPlan, contents: Mapping[tuple
     finally:
         for name in names.values():
             session.catalog.dropTempView(name)
-    columns = [result.column(i).to_pylist() for i in range(result.num_columns)]
-    return ZSet.from_rows(zip(*columns))
+    columns = [[NAN if v != v else v for v in result.column(i).to_pylist()] for i in range(result.num_columns)]
+    return ZSet.from_rows(zip(*columns))  # every NaN the one object Z-sets can cancel
 
 
 # -- the whole check -----------------------------------------------------------------------------

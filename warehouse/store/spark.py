@@ -53,12 +53,15 @@ from pyspark.sql.types import (
     AtomicType,
     BooleanType,
     DataType,
+    DoubleType,
+    FloatType,
     LongType,
     StringType,
     StructField,
     StructType,
 )
 
+from api.schemas import NAN, loads_wire_json
 from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
 from warehouse.store.file_access import store_files
 from warehouse.zset import Row, ZSet
@@ -274,6 +277,8 @@ class RowCodec:
             StringType() if t is None else _parse(t) for t in (types or (None,) * len(columns))
         ]
         self._bool_columns = [isinstance(t, BooleanType) for t in spark_types]
+        # every NaN read back is the one object Z-sets can cancel (api.schemas.NAN)
+        self._float_columns = [isinstance(t, (DoubleType, FloatType)) for t in spark_types]
         view_fields = [StructField(c, t) for c, t in zip(columns, spark_types)]
         self.base_schema = StructType([*view_fields, StructField(WEIGHT, LongType())])
         self.zlog_schema = StructType([*self.base_schema.fields, StructField(ORDER, LongType())])
@@ -319,8 +324,12 @@ class RowCodec:
         """Rows of a result whose first columns are the view's columns."""
         columns = [table.column(i).to_pylist() for i in range(len(self.columns))]
         columns = [
-            [None if v is None else json.loads(v) for v in c] if as_json else c
-            for c, as_json in zip(columns, self.json_columns)
+            [None if v is None else loads_wire_json(v) for v in c]
+            if as_json
+            else [NAN if v != v else v for v in c]  # type: ignore[comparison-overlap]
+            if as_float
+            else c
+            for c, as_json, as_float in zip(columns, self.json_columns, self._float_columns)
         ]
         return zip(*columns)
 
