@@ -569,7 +569,8 @@ def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
         response_model=HealthOut,
         summary="Liveness",
         description="The process answers (also while it starts: `starting`). `problems` lists what needs attention: the "
-        "view store not answering (as last probed), views failed, retrying or stalled. Never waits on the store. No "
+        "view store not answering (as last probed), views failed, retrying or stalled, sources whose wrapper does not "
+        "answer or whose capture is blocked (as last asked, every 10 s). Never waits on the store or a wrapper. No "
         "token needed.",
     )
     async def health() -> HealthOut:
@@ -578,7 +579,8 @@ def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
         store = manager.store_probe.last() if manager.store_probe is not None else None
         problems = [f"the view store does not answer: {store}"] if store else []
         return HealthOut(
-            ok=True, sources=len(manager.clients), views=len(manager.views), problems=problems + manager.view_problems()
+            ok=True, sources=len(manager.clients), views=len(manager.views),
+            problems=problems + manager.view_problems() + manager.source_problems(),
         )
 
     @router.get(
@@ -724,12 +726,8 @@ def _source_routes(manager: Manager) -> APIRouter:
 
 
 async def _wrapper_health(manager: Manager, name: str) -> WrapperHealth:
-    client = manager.clients[name]
-    probe = getattr(client, "health", None)
-    if probe is None:
-        return WrapperHealth(reachable=True, error="this source's client does not report health")
     try:
-        data = await probe()
+        data = await manager.clients[name].health()
     except Exception as exc:  # unreachable, refused, malformed: all reported, never raised
         return WrapperHealth(reachable=False, error=f"{type(exc).__name__}: {exc}"[:500])
     fields = {k: data.get(k) for k in ("last_seq", "acked_through", "pending") if isinstance(data.get(k), int)}

@@ -94,6 +94,9 @@ class SimSource:
             await self._ship_locked()
             return len(self.shipped)
 
+    async def health(self) -> dict:
+        return {"ok": True, "source": self.name, "last_seq": len(self.shipped), "capture": {"method": "trigger"}}
+
     async def subquery(self, q: Subquery) -> SubqueryAnswer:
         if self.delays.before_snapshot:
             await asyncio.sleep(self.rng.uniform(0, self.delays.before_snapshot))
@@ -133,7 +136,7 @@ def evaluate(q: Subquery, columns: tuple[str, ...], contents: ZSet) -> list[list
     return [[*row, w] for row, w in out.items()]
 
 
-async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str, ...]]], store=None, switches=None, seed: int = 0, delays: Delays | None = None, sources: dict[str, SimSource] | None = None, catalog_url: str | None = None):
+async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str, ...]]], store=None, switches=None, seed: int = 0, delays: Delays | None = None, sources: dict[str, SimSource] | None = None, catalog_url: str | None = None, **options):
     """A manager over in-process sources (new ones, or ``sources`` after a restart); the
     catalog is an SQLite file at ``catalog_path`` unless ``catalog_url`` names a database."""
     from warehouse.manager import Manager
@@ -143,7 +146,7 @@ async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str,
     sources = sources or {name: SimSource(name, t, random.Random(rng.random()), delays or Delays()) for name, t in tables.items()}
     for s in sources.values():
         s.receive = _unavailable
-    manager = Manager(catalog_url or f"sqlite:///{catalog_path}", store or MemoryStore(), connect=lambda n, u: sources[n], switches=switches)
+    manager = Manager(catalog_url or f"sqlite:///{catalog_path}", store or MemoryStore(), connect=lambda n, u: sources[n], switches=switches, **options)
     await manager.start()
     for s in sources.values():
         s.receive = manager.receive

@@ -94,7 +94,8 @@ def test_a_large_batch_does_not_stop_the_event_loop(tmp_path):
             f"{rss_before:.0f} -> {peak_rss_mb(server.pid):.0f} MB"
         )
         assert len(latencies) >= 20, "the batch was received too fast to measure anything"
-        assert latencies[-1] < 0.3, f"/v1/health took {latencies[-1]:.2f} s while the batch was received"
+        # 7-100 ms here when idle, under 1 s on a loaded machine; the batch parsed on the loop held it ~7 s
+        assert latencies[-1] < 1.0, f"/v1/health took {latencies[-1]:.2f} s while the batch was received"
     finally:
         server.stdin.close()
         server.wait(60)

@@ -450,3 +450,35 @@ async def test_counters_do_not_grow_with_the_units_maintained(tmp_path):
         assert after_many == after_few, (after_few, after_many)
     finally:
         await manager.stop()
+
+
+async def test_the_managers_health_names_sources_whose_capture_is_blocked(tmp_path):
+    """A wrapper whose capture keeps failing ships nothing: the views look idle, not stalled,
+    so the manager asks every wrapper for its health and names such sources in its own."""
+    import httpx
+
+    from api.manager_app import create_app
+
+    manager, sources = await start_sim_manager(tmp_path / "c.db", TABLES, source_watch_s=0.05)
+    blocked = {"loop": "capturing and shipping", "error": "no such table: _pvm_outbox", "since": 1.0, "attempts": 3}
+
+    async def blocked_health() -> dict:
+        return {"ok": False, "blocked": blocked}
+
+    async def no_answer() -> dict:
+        raise ConnectionError("connection refused")
+
+    try:
+        app = create_app(manager)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://manager") as api:
+            assert (await api.get("/v1/health")).json()["problems"] == []
+            sources["a"].health = blocked_health
+            sources["b"].health = no_answer
+            await until(lambda: len(manager.source_problems()) == 2, timeout=5)
+            problems = (await api.get("/v1/health")).json()["problems"]
+            assert problems == [
+                "source 'a': capture blocked (capturing and shipping, 3 attempts): no such table: _pvm_outbox",
+                "source 'b': its wrapper does not answer (ConnectionError: connection refused)",
+            ]
+    finally:
+        await manager.stop()

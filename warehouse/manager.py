@@ -36,6 +36,9 @@ from warehouse.zset import ZSet, row_order
 
 log = logging.getLogger(__name__)
 
+SOURCE_WATCH_S = 10.0
+"""How often the manager asks every wrapper for its health (``Manager._watch_sources``)."""
+
 Connect = Callable[[str, str], SourceClient]
 
 
@@ -115,6 +118,7 @@ class Manager:
         backoff: Backoff | None = None,
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
+        source_watch_s: float = SOURCE_WATCH_S,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -122,12 +126,15 @@ class Manager:
         tokens sealed in the catalog (``warehouse.catalog.secrets``; default: next to an
         SQLite catalog file). ``backoff``: waits between retries of a transient fault;
         ``stall_after_s``: how long a view may have work without progress before the
-        watchdog calls it stalled."""
+        watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
+        asked."""
         self.catalog_url = catalog_url
         self.catalog_key_file = catalog_key_file
         self.store = store  # None until start() is given one
         self.analysts = analysts  # runs analysts' SQL and row reads (Spark store only)
         self.started = False
+        self.source_watch_s = source_watch_s
+        self.source_health: dict[str, dict[str, Any]] = {}  # source -> its wrapper's last report
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.switches = switches or Switches()
@@ -172,7 +179,34 @@ class Manager:
         # Resend the views' interest in the background: a wrapper may be busy resending
         # updates to this very manager, which only answers once start() has returned.
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
+        self._background.add(asyncio.create_task(self._watch_sources(), name="watch-sources"))
         self.started = True
+
+    async def _watch_sources(self) -> None:
+        """Ask every source's wrapper for its health every ``source_watch_s``: a capture that
+        keeps failing stops the source's updates without a word to the views (they look idle,
+        not stalled), so the manager's health names it (``source_problems``)."""
+        while True:
+            for name, client in list(self.clients.items()):
+                try:
+                    report = await asyncio.wait_for(client.health(), timeout=5.0)
+                except Exception as exc:  # unreachable, refused, slow: that is the report
+                    report = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                self.source_health[name] = report
+            await asyncio.sleep(self.source_watch_s)
+
+    def source_problems(self) -> list[str]:
+        """Sources whose wrapper did not answer, or reported its capture blocked, when last asked."""
+        problems = []
+        for name, report in sorted(self.source_health.items()):
+            if report.get("reachable") is False:
+                problems.append(f"source {name!r}: its wrapper does not answer ({report.get('error')})")
+            elif isinstance(blocked := report.get("blocked"), dict):
+                problems.append(
+                    f"source {name!r}: capture blocked ({blocked.get('loop')}, {blocked.get('attempts')} attempts): "
+                    f"{blocked.get('error')}"
+                )
+        return problems
 
     async def _resync_interest(self) -> None:
         for source in list(self.clients):
@@ -567,12 +601,9 @@ class Manager:
 
 async def _reported_capture(client: SourceClient, name: str) -> str | None:
     """The capture method the source's wrapper reports in its health (``capture.method``);
-    None when it reports none or cannot say (a client without health, a failed probe)."""
-    probe = getattr(client, "health", None)
-    if probe is None:
-        return None
+    None when it reports none or cannot say (a failed probe)."""
     try:
-        data = await probe()
+        data = await client.health()
     except Exception:  # its schema answered: take its word on the rest
         log.warning("could not read the health of the wrapper of source %s", name, exc_info=True)
         return None

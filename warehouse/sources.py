@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
@@ -48,6 +48,11 @@ class SourceClient(Protocol):
     async def subquery(self, request: Subquery) -> SubqueryAnswer: ...
 
     async def set_interest(self, interest: Interest) -> int: ...
+
+    async def health(self) -> dict[str, Any]:
+        """The wrapper's own report (``api/wrapper_app.py``'s Health): ``ok``, seqs, the
+        capture ``method``, a ``blocked`` capture, quarantined rows."""
+        ...
 
     async def aclose(self) -> None: ...
 
