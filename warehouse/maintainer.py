@@ -413,8 +413,9 @@ class ViewMaintainer:
             self._idle.clear()
             self._check_idle()
             try:
-                await asyncio.wait_for(self._idle.wait(), timeout=0.05)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(0.05):  # not wait_for, which can drop a cancel (3.11)
+                    await self._idle.wait()
+            except TimeoutError:
                 pass
 
 

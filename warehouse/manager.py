@@ -189,7 +189,10 @@ class Manager:
         while True:
             for name, client in list(self.clients.items()):
                 try:
-                    report = await asyncio.wait_for(client.health(), timeout=5.0)
+                    # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancel that lands
+                    # as the inner call finishes, and stop() would then wait for this loop forever
+                    async with asyncio.timeout(5.0):
+                        report = await client.health()
                 except Exception as exc:  # unreachable, refused, slow: that is the report
                     report = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 self.source_health[name] = report
