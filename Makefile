@@ -1,9 +1,10 @@
-# The two commands of the README: `make demo` and `make test`.
+# The two commands of the README: `make demo` and `make test`; `make check` (lint, format,
+# types, layers) runs before the tests in CI; `make test-fast` is the edit-test loop.
 # The virtualenv: $PVM_VENV if set (as the README says), else ~/.cache/pvm/venv.
 VENV ?= $(or $(PVM_VENV),$(HOME)/.cache/pvm/venv)
 export PVM_VENV := $(VENV)
 
-.PHONY: setup demo test
+.PHONY: setup demo test test-fast check format
 setup:
 	@bash scripts/setup.sh
 
@@ -13,3 +14,17 @@ demo: setup
 test: setup
 	@bash scripts/services.sh
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+# no Spark, no database servers: a minute or two
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not servers"
+
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

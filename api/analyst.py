@@ -50,7 +50,6 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-import sqlglot
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlglot import exp
@@ -58,8 +57,8 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 
 from api.auth import Principal
-from warehouse.analysts.supervisor import AnalystError, AnalystProcess
 from warehouse import sql_bounds
+from warehouse.analysts.supervisor import AnalystError, AnalystProcess
 from warehouse.manager import Manager, ManagerError
 from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
 
@@ -75,7 +74,10 @@ class QueryIn(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"sql": "SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC", "limit": 100}
+                {
+                    "sql": "SELECT region, count(*) AS orders FROM order_details GROUP BY region ORDER BY orders DESC",
+                    "limit": 100,
+                }
             ]
         },
     )
@@ -105,39 +107,294 @@ class QueryRejected(ValueError):
 # -- the check -----------------------------------------------------------------------------------
 
 ALLOWED_FUNCTIONS = frozenset(
-    """
-    count sum avg mean min max count_if any_value first first_value last last_value stddev
-    stddev_pop stddev_samp std variance var_pop var_samp approx_count_distinct
-    approx_percentile percentile percentile_approx percentile_cont percentile_disc median mode
-    collect_list collect_set array_agg corr covar_pop covar_samp bool_and bool_or every some any
-    max_by min_by listagg string_agg
-    row_number rank dense_rank percent_rank cume_dist ntile lag lead nth_value
-    coalesce nvl nvl2 ifnull nullif if iff greatest least isnull isnotnull nanvl zeroifnull
-    nullifzero
-    cast try_cast int bigint smallint tinyint double float string boolean date timestamp decimal
-    abs round bround floor ceil ceiling sqrt cbrt pow power exp ln log log2 log10 log1p sign
-    signum mod pmod rand random pi e degrees radians sin cos tan asin acos atan atan2 sinh cosh
-    tanh positive negative div try_add try_subtract try_multiply try_divide width_bucket hypot
-    upper ucase lower lcase length len char_length character_length octet_length bit_length
-    substring substr left right trim ltrim rtrim btrim concat concat_ws replace translate instr
-    locate position lpad rpad initcap reverse split split_part startswith endswith contains like
-    ilike rlike regexp regexp_like regexp_extract regexp_extract_all regexp_replace
-    regexp_count regexp_substr format_string printf format_number ascii chr char soundex
-    levenshtein md5 sha sha1 sha2 crc32 hash xxhash64 hex unhex base64 unbase64 to_char
-    to_number try_to_number overlay find_in_set substring_index
-    current_date current_timestamp now curdate current_timezone date_add date_sub dateadd
-    datediff date_diff add_months months_between date_format date_trunc trunc to_date
-    to_timestamp try_to_timestamp unix_timestamp from_unixtime to_unix_timestamp unix_seconds
-    unix_millis timestamp_seconds timestamp_millis year quarter month day dayofmonth dayofweek
-    dayofyear weekday weekofyear hour minute second last_day next_day make_date make_timestamp
-    extract date_part datepart timestampadd timestampdiff from_utc_timestamp to_utc_timestamp
-    array array_contains array_distinct array_except array_intersect array_join array_max
-    array_min array_position array_remove array_sort array_union arrays_overlap arrays_zip size
-    cardinality element_at try_element_at explode explode_outer posexplode posexplode_outer
-    inline inline_outer flatten slice sort_array struct named_struct map map_keys map_values
-    map_from_arrays transform filter exists forall aggregate reduce zip_with get stack
-    get_json_object json_tuple from_json to_json
-    """.split()
+    [
+        "count",
+        "sum",
+        "avg",
+        "mean",
+        "min",
+        "max",
+        "count_if",
+        "any_value",
+        "first",
+        "first_value",
+        "last",
+        "last_value",
+        "stddev",
+        "stddev_pop",
+        "stddev_samp",
+        "std",
+        "variance",
+        "var_pop",
+        "var_samp",
+        "approx_count_distinct",
+        "approx_percentile",
+        "percentile",
+        "percentile_approx",
+        "percentile_cont",
+        "percentile_disc",
+        "median",
+        "mode",
+        "collect_list",
+        "collect_set",
+        "array_agg",
+        "corr",
+        "covar_pop",
+        "covar_samp",
+        "bool_and",
+        "bool_or",
+        "every",
+        "some",
+        "any",
+        "max_by",
+        "min_by",
+        "listagg",
+        "string_agg",
+        "row_number",
+        "rank",
+        "dense_rank",
+        "percent_rank",
+        "cume_dist",
+        "ntile",
+        "lag",
+        "lead",
+        "nth_value",
+        "coalesce",
+        "nvl",
+        "nvl2",
+        "ifnull",
+        "nullif",
+        "if",
+        "iff",
+        "greatest",
+        "least",
+        "isnull",
+        "isnotnull",
+        "nanvl",
+        "zeroifnull",
+        "nullifzero",
+        "cast",
+        "try_cast",
+        "int",
+        "bigint",
+        "smallint",
+        "tinyint",
+        "double",
+        "float",
+        "string",
+        "boolean",
+        "date",
+        "timestamp",
+        "decimal",
+        "abs",
+        "round",
+        "bround",
+        "floor",
+        "ceil",
+        "ceiling",
+        "sqrt",
+        "cbrt",
+        "pow",
+        "power",
+        "exp",
+        "ln",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "sign",
+        "signum",
+        "mod",
+        "pmod",
+        "rand",
+        "random",
+        "pi",
+        "e",
+        "degrees",
+        "radians",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "atan2",
+        "sinh",
+        "cosh",
+        "tanh",
+        "positive",
+        "negative",
+        "div",
+        "try_add",
+        "try_subtract",
+        "try_multiply",
+        "try_divide",
+        "width_bucket",
+        "hypot",
+        "upper",
+        "ucase",
+        "lower",
+        "lcase",
+        "length",
+        "len",
+        "char_length",
+        "character_length",
+        "octet_length",
+        "bit_length",
+        "substring",
+        "substr",
+        "left",
+        "right",
+        "trim",
+        "ltrim",
+        "rtrim",
+        "btrim",
+        "concat",
+        "concat_ws",
+        "replace",
+        "translate",
+        "instr",
+        "locate",
+        "position",
+        "lpad",
+        "rpad",
+        "initcap",
+        "reverse",
+        "split",
+        "split_part",
+        "startswith",
+        "endswith",
+        "contains",
+        "like",
+        "ilike",
+        "rlike",
+        "regexp",
+        "regexp_like",
+        "regexp_extract",
+        "regexp_extract_all",
+        "regexp_replace",
+        "regexp_count",
+        "regexp_substr",
+        "format_string",
+        "printf",
+        "format_number",
+        "ascii",
+        "chr",
+        "char",
+        "soundex",
+        "levenshtein",
+        "md5",
+        "sha",
+        "sha1",
+        "sha2",
+        "crc32",
+        "hash",
+        "xxhash64",
+        "hex",
+        "unhex",
+        "base64",
+        "unbase64",
+        "to_char",
+        "to_number",
+        "try_to_number",
+        "overlay",
+        "find_in_set",
+        "substring_index",
+        "current_date",
+        "current_timestamp",
+        "now",
+        "curdate",
+        "current_timezone",
+        "date_add",
+        "date_sub",
+        "dateadd",
+        "datediff",
+        "date_diff",
+        "add_months",
+        "months_between",
+        "date_format",
+        "date_trunc",
+        "trunc",
+        "to_date",
+        "to_timestamp",
+        "try_to_timestamp",
+        "unix_timestamp",
+        "from_unixtime",
+        "to_unix_timestamp",
+        "unix_seconds",
+        "unix_millis",
+        "timestamp_seconds",
+        "timestamp_millis",
+        "year",
+        "quarter",
+        "month",
+        "day",
+        "dayofmonth",
+        "dayofweek",
+        "dayofyear",
+        "weekday",
+        "weekofyear",
+        "hour",
+        "minute",
+        "second",
+        "last_day",
+        "next_day",
+        "make_date",
+        "make_timestamp",
+        "extract",
+        "date_part",
+        "datepart",
+        "timestampadd",
+        "timestampdiff",
+        "from_utc_timestamp",
+        "to_utc_timestamp",
+        "array",
+        "array_contains",
+        "array_distinct",
+        "array_except",
+        "array_intersect",
+        "array_join",
+        "array_max",
+        "array_min",
+        "array_position",
+        "array_remove",
+        "array_sort",
+        "array_union",
+        "arrays_overlap",
+        "arrays_zip",
+        "size",
+        "cardinality",
+        "element_at",
+        "try_element_at",
+        "explode",
+        "explode_outer",
+        "posexplode",
+        "posexplode_outer",
+        "inline",
+        "inline_outer",
+        "flatten",
+        "slice",
+        "sort_array",
+        "struct",
+        "named_struct",
+        "map",
+        "map_keys",
+        "map_values",
+        "map_from_arrays",
+        "transform",
+        "filter",
+        "exists",
+        "forall",
+        "aggregate",
+        "reduce",
+        "zip_with",
+        "get",
+        "stack",
+        "get_json_object",
+        "json_tuple",
+        "from_json",
+        "to_json",
+    ]
 )
 
 # Syntax that is not a function call although sqlglot models it as one.
@@ -148,17 +405,107 @@ _SYNTAX = (exp.Case, exp.Connector)
 # is refused, including constructs a later sqlglot version may add.
 _QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
     getattr(exp, name)
-    for name in """
-    Select Union Intersect Except Subquery From Join Where Group Having Qualify Order Ordered
-    Limit Offset With CTE TableAlias Table Identifier Column Star Alias Aliases Literal Boolean
-    Null Paren Tuple Neg Not And Or Xor EQ NEQ NullSafeEQ NullSafeNEQ LT LTE GT GTE Add Sub Mul
-    Div IntDiv Mod DPipe BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitwiseLeftShift
-    BitwiseRightShift Like ILike SimilarTo In Between Is Distinct Window WindowSpec Lateral
-    Pivot PivotAlias TableSample Values Interval IntervalSpan Var DataType DataTypeParam
-    Bracket Dot Lambda Filter Cube Rollup GroupingSets Cluster Distribute Sort Any All If
-    Case Kwarg PropertyEQ Slice Escape RespectNulls IgnoreNulls HavingMax Placeholder Parameter
-    HexString WithinGroup
-    """.split()
+    for name in [
+        "Select",
+        "Union",
+        "Intersect",
+        "Except",
+        "Subquery",
+        "From",
+        "Join",
+        "Where",
+        "Group",
+        "Having",
+        "Qualify",
+        "Order",
+        "Ordered",
+        "Limit",
+        "Offset",
+        "With",
+        "CTE",
+        "TableAlias",
+        "Table",
+        "Identifier",
+        "Column",
+        "Star",
+        "Alias",
+        "Aliases",
+        "Literal",
+        "Boolean",
+        "Null",
+        "Paren",
+        "Tuple",
+        "Neg",
+        "Not",
+        "And",
+        "Or",
+        "Xor",
+        "EQ",
+        "NEQ",
+        "NullSafeEQ",
+        "NullSafeNEQ",
+        "LT",
+        "LTE",
+        "GT",
+        "GTE",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "IntDiv",
+        "Mod",
+        "DPipe",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+        "BitwiseNot",
+        "BitwiseLeftShift",
+        "BitwiseRightShift",
+        "Like",
+        "ILike",
+        "SimilarTo",
+        "In",
+        "Between",
+        "Is",
+        "Distinct",
+        "Window",
+        "WindowSpec",
+        "Lateral",
+        "Pivot",
+        "PivotAlias",
+        "TableSample",
+        "Values",
+        "Interval",
+        "IntervalSpan",
+        "Var",
+        "DataType",
+        "DataTypeParam",
+        "Bracket",
+        "Dot",
+        "Lambda",
+        "Filter",
+        "Cube",
+        "Rollup",
+        "GroupingSets",
+        "Cluster",
+        "Distribute",
+        "Sort",
+        "Any",
+        "All",
+        "If",
+        "Case",
+        "Kwarg",
+        "PropertyEQ",
+        "Slice",
+        "Escape",
+        "RespectNulls",
+        "IgnoreNulls",
+        "HavingMax",
+        "Placeholder",
+        "Parameter",
+        "HexString",
+        "WithinGroup",
+    ]
     if hasattr(exp, name)
 ) + tuple(  # the parsed path argument of get_json_object
     getattr(exp, name) for name in dir(exp) if name.startswith("JSONPath") and isinstance(getattr(exp, name), type)
@@ -170,11 +517,24 @@ _QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
 # versions may add. Only a bare column reference is refused: a qualified one (v.user) is
 # always a column, and sqlglot reads the allowed ones (current_date) as function calls.
 NILADIC_WORDS = frozenset(
-    """
-    user current_user session_user system_user current_role current_path current_database
-    current_catalog current_schema current_date current_timestamp current_time current_timezone
-    localtimestamp localtime grouping__id
-    """.split()
+    [
+        "user",
+        "current_user",
+        "session_user",
+        "system_user",
+        "current_role",
+        "current_path",
+        "current_database",
+        "current_catalog",
+        "current_schema",
+        "current_date",
+        "current_timestamp",
+        "current_time",
+        "current_timezone",
+        "localtimestamp",
+        "localtime",
+        "grouping__id",
+    ]
 )
 MAX_QUERY_TOKENS = 5_000  # sqlglot checks such a statement in ~0.25 s
 
@@ -436,7 +796,11 @@ def analyst_error(exc: AnalystError) -> HTTPException:
         200: {
             "content": {
                 "application/json": {
-                    "example": {"columns": ["region", "orders"], "rows": [["north", 212], ["west", 198]], "truncated": False}
+                    "example": {
+                        "columns": ["region", "orders"],
+                        "rows": [["north", 212], ["west", 198]],
+                        "truncated": False,
+                    }
                 }
             }
         },

@@ -29,7 +29,9 @@ class ApplicationChange(BaseModel):
     relation: str = Field(min_length=1, max_length=200, examples=["orders"])
     op: Literal["insert", "update", "delete"]
     key: dict[str, Scalar] | None = Field(default=None, description="primary key of the row (update, delete)")
-    row: dict[str, Scalar] | None = Field(default=None, description="new values (insert: the row; update: what changes)")
+    row: dict[str, Scalar] | None = Field(
+        default=None, description="new values (insert: the row; update: what changes)"
+    )
 
 
 class ApplicationTransaction(BaseModel):
@@ -51,6 +53,8 @@ def add_routes(app: FastAPI, wrapper: Wrapper, token: str | None) -> None:
         for i, change in enumerate(body.changes):
             nan = [column for column, value in (change.row or {}).items() if value != value]
             if nan:  # SQLite would store it as NULL: refused rather than changed
-                raise HTTPException(status_code=400, detail=f"change {i}: the replica cannot hold NaN (column {nan[0]!r})")
+                raise HTTPException(
+                    status_code=400, detail=f"change {i}: the replica cannot hold NaN (column {nan[0]!r})"
+                )
         await wrapper.post_changes([RowChange(c.relation, c.op, c.key, c.row) for c in body.changes])
         return ApplicationAck(applied=len(body.changes))

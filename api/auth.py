@@ -437,7 +437,9 @@ class TokenVerifier:
 
 
 def _too_many(wait: float) -> TooManyAttempts:
-    return TooManyAttempts(f"too many failed authentication attempts from this address; try again in {math.ceil(wait)} s", wait)
+    return TooManyAttempts(
+        f"too many failed authentication attempts from this address; try again in {math.ceil(wait)} s", wait
+    )
 
 
 def verifier_for(manager: Any) -> TokenVerifier:
@@ -473,7 +475,9 @@ async def authenticate(
             )
         principal = await verifier.verify(credentials.credentials, client)
     except TooManyAttempts as exc:
-        raise HTTPException(status_code=429, detail=str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))}) from None
+        raise HTTPException(
+            status_code=429, detail=str(exc), headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        ) from None
     if principal is None:
         raise _unauthorized("the bearer token is unknown, malformed or revoked", "invalid_token")
     request.state.principal = principal
@@ -514,7 +518,23 @@ def require_source(principal: Principal, source: str) -> None:
 
 
 __all__ = [
-    "ROLES", "AttemptThrottle", "Budget", "Principal", "TokenVerifier", "TooManyAttempts", "authenticate", "bearer",
-    "check_role", "check_secret", "client_key", "ensure_admin_token", "format_token", "hash_secret", "issue",
-    "issue_token", "parse_token", "require_role", "require_source",
+    "ROLES",
+    "AttemptThrottle",
+    "Budget",
+    "Principal",
+    "TokenVerifier",
+    "TooManyAttempts",
+    "authenticate",
+    "bearer",
+    "check_role",
+    "check_secret",
+    "client_key",
+    "ensure_admin_token",
+    "format_token",
+    "hash_secret",
+    "issue",
+    "issue_token",
+    "parse_token",
+    "require_role",
+    "require_source",
 ]

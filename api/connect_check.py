@@ -56,11 +56,49 @@ class Refused(Exception):
 # The operators Spark Connect's DataFrame API sends as function calls (Column.__eq__ is "==",
 # & is "and", …): the same operations the SQL check allows as syntax.
 OPERATORS = frozenset(
-    """
-    == <=> < <= > >= != ! + - * / % & | ^ ~ and or not negative isnull isnotnull isnan in like
-    ilike rlike startswith endswith contains substr when otherwise between try_add try_subtract
-    try_multiply try_divide bitwise_not eqnullsafe
-    """.split()
+    [
+        "==",
+        "<=>",
+        "<",
+        "<=",
+        ">",
+        ">=",
+        "!=",
+        "!",
+        "+",
+        "-",
+        "*",
+        "/",
+        "%",
+        "&",
+        "|",
+        "^",
+        "~",
+        "and",
+        "or",
+        "not",
+        "negative",
+        "isnull",
+        "isnotnull",
+        "isnan",
+        "in",
+        "like",
+        "ilike",
+        "rlike",
+        "startswith",
+        "endswith",
+        "contains",
+        "substr",
+        "when",
+        "otherwise",
+        "between",
+        "try_add",
+        "try_subtract",
+        "try_multiply",
+        "try_divide",
+        "bitwise_not",
+        "eqnullsafe",
+    ]
 )
 
 _PREFIX = "spark.connect."
@@ -68,27 +106,102 @@ _PREFIX = "spark.connect."
 # Message types an analyst's plan may contain, besides literals and data types (any).
 _ALLOWED = frozenset(
     _PREFIX + name
-    for name in """
-    Plan Relation RelationCommon Origin PythonOrigin JvmOrigin StackTraceElement
-    Read Read.NamedTable Project Filter Join Join.JoinDataType SetOperation Sort Limit Offset Tail
-    Aggregate Aggregate.Pivot Aggregate.GroupingSets SQL LocalRelation Sample Deduplicate Range
-    SubqueryAlias Repartition RepartitionByExpression ToDF WithColumnsRenamed
-    WithColumnsRenamed.Rename ShowString HtmlString Drop WithColumns Unpivot Unpivot.Values
-    ToSchema NAFill NADrop NAReplace NAReplace.Replacement StatSummary StatDescribe StatCrosstab
-    StatCov StatCorr StatApproxQuantile StatFreqItems StatSampleBy StatSampleBy.Fraction
-    WithRelations AsOfJoin LateralJoin Transpose
-    Expression Expression.UnresolvedAttribute Expression.UnresolvedFunction
-    Expression.ExpressionString Expression.UnresolvedStar Expression.Alias Expression.Cast
-    Expression.UnresolvedRegex Expression.SortOrder Expression.LambdaFunction Expression.Window
-    Expression.Window.WindowFrame Expression.Window.WindowFrame.FrameBoundary
-    Expression.UnresolvedExtractValue Expression.UpdateFields
-    Expression.UnresolvedNamedLambdaVariable ExpressionCommon CallFunction
-    NamedArgumentExpression SubqueryExpression SubqueryExpression.TableArgOptions
-    Command SqlCommand
-    Catalog CurrentDatabase ListDatabases ListTables ListFunctions ListColumns GetDatabase
-    GetTable GetFunction DatabaseExists TableExists FunctionExists CurrentCatalog ListCatalogs
-    ListViews
-    """.split()
+    for name in [
+        "Plan",
+        "Relation",
+        "RelationCommon",
+        "Origin",
+        "PythonOrigin",
+        "JvmOrigin",
+        "StackTraceElement",
+        "Read",
+        "Read.NamedTable",
+        "Project",
+        "Filter",
+        "Join",
+        "Join.JoinDataType",
+        "SetOperation",
+        "Sort",
+        "Limit",
+        "Offset",
+        "Tail",
+        "Aggregate",
+        "Aggregate.Pivot",
+        "Aggregate.GroupingSets",
+        "SQL",
+        "LocalRelation",
+        "Sample",
+        "Deduplicate",
+        "Range",
+        "SubqueryAlias",
+        "Repartition",
+        "RepartitionByExpression",
+        "ToDF",
+        "WithColumnsRenamed",
+        "WithColumnsRenamed.Rename",
+        "ShowString",
+        "HtmlString",
+        "Drop",
+        "WithColumns",
+        "Unpivot",
+        "Unpivot.Values",
+        "ToSchema",
+        "NAFill",
+        "NADrop",
+        "NAReplace",
+        "NAReplace.Replacement",
+        "StatSummary",
+        "StatDescribe",
+        "StatCrosstab",
+        "StatCov",
+        "StatCorr",
+        "StatApproxQuantile",
+        "StatFreqItems",
+        "StatSampleBy",
+        "StatSampleBy.Fraction",
+        "WithRelations",
+        "AsOfJoin",
+        "LateralJoin",
+        "Transpose",
+        "Expression",
+        "Expression.UnresolvedAttribute",
+        "Expression.UnresolvedFunction",
+        "Expression.ExpressionString",
+        "Expression.UnresolvedStar",
+        "Expression.Alias",
+        "Expression.Cast",
+        "Expression.UnresolvedRegex",
+        "Expression.SortOrder",
+        "Expression.LambdaFunction",
+        "Expression.Window",
+        "Expression.Window.WindowFrame",
+        "Expression.Window.WindowFrame.FrameBoundary",
+        "Expression.UnresolvedExtractValue",
+        "Expression.UpdateFields",
+        "Expression.UnresolvedNamedLambdaVariable",
+        "ExpressionCommon",
+        "CallFunction",
+        "NamedArgumentExpression",
+        "SubqueryExpression",
+        "SubqueryExpression.TableArgOptions",
+        "Command",
+        "SqlCommand",
+        "Catalog",
+        "CurrentDatabase",
+        "ListDatabases",
+        "ListTables",
+        "ListFunctions",
+        "ListColumns",
+        "GetDatabase",
+        "GetTable",
+        "GetFunction",
+        "DatabaseExists",
+        "TableExists",
+        "FunctionExists",
+        "CurrentCatalog",
+        "ListCatalogs",
+        "ListViews",
+    ]
 )
 
 _ALWAYS = (_PREFIX + "Expression.Literal", _PREFIX + "DataType")
@@ -139,12 +252,17 @@ def check_analyze(request: base_pb2.AnalyzePlanRequest, views: Collection[str]) 
 
 # Session settings an analyst's client may change: how results are shown and sent.
 SETTABLE = frozenset(
-    """
-    spark.sql.session.timeZone spark.sql.repl.eagerEval.enabled spark.sql.repl.eagerEval.maxNumRows
-    spark.sql.repl.eagerEval.truncate spark.sql.execution.pandas.convertToArrowArraySafely
-    spark.sql.execution.arrow.pyspark.enabled spark.sql.pyspark.inferNestedDictAsStruct.enabled
-    spark.sql.timestampType spark.sql.pyspark.legacy.inferArrayTypeFromFirstElement.enabled
-    """.split()
+    [
+        "spark.sql.session.timeZone",
+        "spark.sql.repl.eagerEval.enabled",
+        "spark.sql.repl.eagerEval.maxNumRows",
+        "spark.sql.repl.eagerEval.truncate",
+        "spark.sql.execution.pandas.convertToArrowArraySafely",
+        "spark.sql.execution.arrow.pyspark.enabled",
+        "spark.sql.pyspark.inferNestedDictAsStruct.enabled",
+        "spark.sql.timestampType",
+        "spark.sql.pyspark.legacy.inferArrayTypeFromFirstElement.enabled",
+    ]
 )
 
 
@@ -229,8 +347,10 @@ class _Walk:
             tree = sqlglot.parse_one(f"SELECT {text}", dialect="spark")
         except (SqlglotError, RecursionError):
             raise Refused(f"could not parse the expression {text[:200]!r}") from None
-        if not isinstance(tree, exp.Select) or len(tree.expressions) != 1 or any(
-            v for k, v in tree.args.items() if k != "expressions"
+        if (
+            not isinstance(tree, exp.Select)
+            or len(tree.expressions) != 1
+            or any(v for k, v in tree.args.items() if k != "expressions")
         ):
             raise Refused(f"{text[:200]!r} is not one expression")
         checked = self._checked(f"SELECT {text}")

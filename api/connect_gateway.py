@@ -88,6 +88,7 @@ class ConnectGateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: grpc.aio.Server | None = None
         self._upstream: tuple[int, grpc.aio.Channel] | None = None
+        self._closing: set[asyncio.Future[None]] = set()
         self._thread: threading.Thread | None = None
         self.port: int | None = None
 
@@ -113,7 +114,9 @@ class ConnectGateway:
         self._thread.start()
         started.wait(30)
         if failure or self.port is None:
-            raise GatewayError(f"cannot serve Spark Connect on {self.settings.host}:{self.settings.port}: {failure[0] if failure else 'timed out'}")
+            raise GatewayError(
+                f"cannot serve Spark Connect on {self.settings.host}:{self.settings.port}: {failure[0] if failure else 'timed out'}"
+            )
         host = "localhost" if self.settings.host in ("127.0.0.1", "::1", "localhost") else self.settings.host
         return f"sc://{host}:{self.port}"
 
@@ -158,7 +161,14 @@ class ConnectGateway:
 
         passed = {
             name: unary(self._passthrough(name), getattr(base_pb2, f"{name}Request"))
-            for name in ("Interrupt", "ReleaseExecute", "ReleaseSession", "FetchErrorDetails", "GetStatus", "CloneSession")
+            for name in (
+                "Interrupt",
+                "ReleaseExecute",
+                "ReleaseSession",
+                "FetchErrorDetails",
+                "GetStatus",
+                "CloneSession",
+            )
         }
         return grpc.method_handlers_generic_handler(
             SERVICE,
@@ -190,11 +200,16 @@ class ConnectGateway:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the token is unknown, malformed or revoked")
         assert principal is not None
         if principal.role not in ("analyst", "admin"):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{principal.describe()} may not use Spark Connect: that needs the analyst role")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{principal.describe()} may not use Spark Connect: that needs the analyst role",
+            )
         session = (request.user_context.user_id, request.session_id)
         owner = self._sessions.get(session, principal.token_id)
         if owner != principal.token_id:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this Spark Connect session belongs to another token")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, "this Spark Connect session belongs to another token"
+            )
         self._sessions[session] = principal.token_id
         self._sessions.move_to_end(session)
         while len(self._sessions) > MAX_SESSIONS:
@@ -213,14 +228,21 @@ class ConnectGateway:
             raise AnalystsDown()
         if self._upstream is None or self._upstream[0] != port:
             if self._upstream is not None:
-                asyncio.ensure_future(self._upstream[1].close())
-            self._upstream = (port, grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)]))
+                closing = asyncio.ensure_future(self._upstream[1].close())
+                self._closing.add(closing)  # held until done: the loop keeps only weak references
+                closing.add_done_callback(self._closing.discard)
+            self._upstream = (
+                port,
+                grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)]),
+            )
         return self._upstream[1]
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self._analysts.connect_token}"),)
 
-    async def _execute(self, request: base_pb2.ExecutePlanRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _execute(
+        self, request: base_pb2.ExecutePlanRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         principal = await self._admitted(request, context)
         await self._refused(context, lambda: check_execute(request, self._views()))
         if not request.operation_id:
@@ -229,12 +251,16 @@ class ConnectGateway:
         async for chunk in self._forward_stream("ExecutePlan", request, principal, context):
             yield chunk
 
-    async def _reattach(self, request: base_pb2.ReattachExecuteRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _reattach(
+        self, request: base_pb2.ReattachExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         principal = await self._admitted(request, context)
         async for chunk in self._forward_stream("ReattachExecute", request, principal, context):
             yield chunk
 
-    async def _forward_stream(self, method: str, request: Any, principal: Principal, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _forward_stream(
+        self, method: str, request: Any, principal: Principal, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         operation = request.operation_id
         started = self._operations.get(operation, time.monotonic())
         remaining = self.settings.timeout_s - (time.monotonic() - started)
@@ -257,7 +283,9 @@ class ConnectGateway:
         except AnalystsBusy as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except AnalystsDown:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the analysts' query process is starting; try again shortly")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the analysts' query process is starting; try again shortly"
+            )
 
     def _started(self, operation: str) -> None:
         """Note when an operation started: its time runs across reattached streams. Entries
@@ -296,18 +324,29 @@ class ConnectGateway:
         except (grpc.aio.AioRpcError, AnalystsDown):
             return
         states = base_pb2.GetStatusResponse.OperationStatus
-        if any(s.state in (states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING) for s in answer.operation_statuses):
-            self._analysts.restart(f"Spark Connect operation {request.operation_id} still ran {self.settings.grace_s:.0f} s after it was interrupted")
+        if any(
+            s.state in (states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING)
+            for s in answer.operation_statuses
+        ):
+            self._analysts.restart(
+                f"Spark Connect operation {request.operation_id} still ran {self.settings.grace_s:.0f} s after it was interrupted"
+            )
 
     async def _unary(self, method: str, request: Any, timeout: float | None = None) -> bytes:
-        call = self._channel().unary_unary(f"/{SERVICE}/{method}", request_serializer=_serialize, response_deserializer=None)
-        return await call(request, metadata=self._metadata(), timeout=timeout if timeout is not None else self.settings.timeout_s)
+        call = self._channel().unary_unary(
+            f"/{SERVICE}/{method}", request_serializer=_serialize, response_deserializer=None
+        )
+        return await call(
+            request, metadata=self._metadata(), timeout=timeout if timeout is not None else self.settings.timeout_s
+        )
 
     async def _forward_unary(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> bytes:
         try:
             return await self._unary(method, request)
         except AnalystsDown:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the analysts' query process is starting; try again shortly")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the analysts' query process is starting; try again shortly"
+            )
         except grpc.aio.AioRpcError as error:
             await context.abort(error.code(), error.details() or "")
         raise AssertionError("unreachable")
@@ -335,7 +374,10 @@ class ConnectGateway:
         return handler
 
     async def _no_artifacts(self, requests: Any, context: grpc.aio.ServicerContext) -> bytes:
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "uploading artifacts (jars, Python files) is not allowed: analysts read views")
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "uploading artifacts (jars, Python files) is not allowed: analysts read views",
+        )
         raise AssertionError("unreachable")
 
     async def _no_artifacts_status(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:

@@ -210,7 +210,10 @@ def _empty(updates: list[PlainUpdate]) -> None:
 
 
 BODY_DOCS = {
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/UpdateBatch"}}}}
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/UpdateBatch"}}},
+    }
 }
 """The OpenAPI ``requestBody`` of a route that reads an ``UpdateBatch`` with ``read_update_batch``."""
 
@@ -233,6 +236,13 @@ def document_update_batch(app: FastAPI) -> None:
 
 
 __all__ = [
-    "BODY_DOCS", "BatchInvalid", "IncomingBatch", "PARSER", "collector_paused", "document_update_batch", "drop",
-    "read_batch", "read_update_batch",
+    "BODY_DOCS",
+    "PARSER",
+    "BatchInvalid",
+    "IncomingBatch",
+    "collector_paused",
+    "document_update_batch",
+    "drop",
+    "read_batch",
+    "read_update_batch",
 ]

@@ -30,9 +30,9 @@ from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop,
 from api.metrics import registry_for, render
 from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, AnyValue, wrapper_url_problem
 from warehouse.analysts.supervisor import AnalystError
-from warehouse.protocol import DEFAULT_BATCH_SIZE
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError
+from warehouse.protocol import DEFAULT_BATCH_SIZE
 from warehouse.receiver import ReceiveError
 from warehouse.sources import SourceError
 
@@ -59,7 +59,12 @@ class SourceIn(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"name": "shop", "wrapper_url": "http://127.0.0.1:8101", "tables": ["orders"], "manager_token": "…the wrapper's --manager-token…"}
+                {
+                    "name": "shop",
+                    "wrapper_url": "http://127.0.0.1:8101",
+                    "tables": ["orders"],
+                    "manager_token": "…the wrapper's --manager-token…",
+                }
             ]
         },
     )
@@ -77,7 +82,10 @@ class SourceIn(BaseModel):
         examples=["trigger"],
     )
     tables: list[str] | None = Field(
-        default=None, max_length=1000, description="tables to use (default: every captured table)", examples=[["orders"]]
+        default=None,
+        max_length=1000,
+        description="tables to use (default: every captured table)",
+        examples=[["orders"]],
     )
     manager_token: str | None = Field(
         default=None,
@@ -106,9 +114,12 @@ class WrapperHealth(BaseModel):
     acked_through: int | None = None
     pending: int | None = Field(default=None, description="captured updates not acknowledged yet")
     ok: bool | None = Field(default=None, description="the wrapper's own verdict: false while its capture is blocked")
-    blocked: dict[str, Any] | None = Field(default=None, description="capture keeps failing: the error, since when (unix time)")
+    blocked: dict[str, Any] | None = Field(
+        default=None, description="capture keeps failing: the error, since when (unix time)"
+    )
     quarantine: dict[str, Any] | None = Field(
-        default=None, description="captured rows left out because the views cannot take them: count, per relation, last reason"
+        default=None,
+        description="captured rows left out because the views cannot take them: count, per relation, last reason",
     )
 
 
@@ -133,7 +144,9 @@ class SourceOut(BaseModel):
     capture: str
     relations: dict[str, list[str]] = Field(description="captured tables and their columns")
     last_seq: int = Field(description="every update of the source with seq <= last_seq is received and durable")
-    held: int = Field(default=0, description="updates received above a gap in seq: durable, released once the gap is filled")
+    held: int = Field(
+        default=0, description="updates received above a gap in seq: durable, released once the gap is filled"
+    )
     waiting_for_seq: int | None = Field(default=None, description="while updates are held: the first missing seq")
     held_through: int | None = Field(default=None, description="while updates are held: the highest seq held")
     health: WrapperHealth | None = Field(default=None, description="the wrapper's own report (shown for one source)")
@@ -169,7 +182,8 @@ class ViewIn(BaseModel):
         "slots and maintained set-oriented; 1 maintains one update per unit",
     )
     commit_mode: Literal["out_of_order", "arrival"] = Field(
-        default="out_of_order", description="`out_of_order` (PVM) or `arrival` (PVM-CC: raw tables hold legal states only)"
+        default="out_of_order",
+        description="`out_of_order` (PVM) or `arrival` (PVM-CC: raw tables hold legal states only)",
     )
 
 
@@ -217,8 +231,15 @@ VIEW_EXAMPLE = {
     "row_count": 1840,
     "row_count_as_of": 318,
     "counters": {
-        "updates_received": 326, "units_started": 322, "units_maintained": 319, "units_committed": 318,
-        "subqueries": 611, "compensations": 57, "commit_groups": 240, "peak_running": 4, "retries": 0,
+        "updates_received": 326,
+        "units_started": 322,
+        "units_maintained": 319,
+        "units_committed": 318,
+        "subqueries": 611,
+        "compensations": 57,
+        "commit_groups": 240,
+        "peak_running": 4,
+        "retries": 0,
     },
 }
 
@@ -243,12 +264,16 @@ class ViewOut(BaseModel):
         description="steps retried after a transient fault (a source unreachable past its client's retries, the store "
         "or the catalog failing), with backoff for as long as the fault lasts; null when none is"
     )
-    stalled: bool = Field(description="the watchdog: work pending and no progress for the manager's limit (60 s by default)")
+    stalled: bool = Field(
+        description="the watchdog: work pending and no progress for the manager's limit (60 s by default)"
+    )
     no_progress_seconds: float = Field(
         description="how long the view has had work pending with no unit started, maintained or committed; 0 when it has "
         "none, or is paused or failed"
     )
-    updates_queued: int = Field(description="updates received and in no unit yet (a paused or failed view keeps them in the catalog only)")
+    updates_queued: int = Field(
+        description="updates received and in no unit yet (a paused or failed view keeps them in the catalog only)"
+    )
     units_running: int = Field(description="units in the PPU (its occupancy)")
     units_waiting: int = Field(
         description="numbered units waiting for a PPU slot: recovered after a restart, or stopped by a fault until resume"
@@ -260,7 +285,9 @@ class ViewOut(BaseModel):
         description="age of the oldest update not visible at W: received, but in no unit committed at or below W "
         "(queued, being maintained, or maintained above W); 0 when every received update is visible"
     )
-    row_count: int | None = Field(description="rows of the view as of row_count_as_of (W; a slow store recounts every few seconds)")
+    row_count: int | None = Field(
+        description="rows of the view as of row_count_as_of (W; a slow store recounts every few seconds)"
+    )
     row_count_as_of: int | None
     counters: ViewCountersOut = Field(
         description="running totals since the manager started: like Prometheus counters, they restart from zero "
@@ -290,7 +317,7 @@ class RowsOut(BaseModel):
     as_of: int | None = Field(description="the order the rows are as of; null for a latest read")
     total: int = Field(description="rows in the view (a row with weight n counts n times)")
     offset: int
-    rows: list[list[AnyValue]] = Field(description="non-finite floats as {\"$float\": \"NaN\" | \"Infinity\" | \"-Infinity\"}")
+    rows: list[list[AnyValue]] = Field(description='non-finite floats as {"$float": "NaN" | "Infinity" | "-Infinity"}')
 
 
 class HealthOut(BaseModel):
@@ -328,7 +355,10 @@ class TokenIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"role": "wrapper", "source": "shop", "name": "shop wrapper on db-host-1"}, {"role": "analyst", "name": "bi team"}]
+            "examples": [
+                {"role": "wrapper", "source": "shop", "name": "shop wrapper on db-host-1"},
+                {"role": "analyst", "name": "bi team"},
+            ]
         },
     )
     role: Literal["admin", "analyst", "wrapper"]
@@ -339,7 +369,16 @@ class TokenIn(BaseModel):
 class TokenOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [{"id": 3, "role": "wrapper", "source": "shop", "name": "wrapper of shop", "created_at": 1764400000.0, "revoked_at": None}]
+            "examples": [
+                {
+                    "id": 3,
+                    "role": "wrapper",
+                    "source": "shop",
+                    "name": "wrapper of shop",
+                    "created_at": 1764400000.0,
+                    "revoked_at": None,
+                }
+            ]
         }
     )
     id: int
@@ -355,8 +394,13 @@ class TokenCreated(TokenOut):
         json_schema_extra={
             "examples": [
                 {
-                    "id": 3, "role": "wrapper", "source": "shop", "name": "wrapper of shop", "created_at": 1764400000.0,
-                    "revoked_at": None, "token": "pvm_3_2mJ4b8x-Qv3…",
+                    "id": 3,
+                    "role": "wrapper",
+                    "source": "shop",
+                    "name": "wrapper of shop",
+                    "created_at": 1764400000.0,
+                    "revoked_at": None,
+                    "token": "pvm_3_2mJ4b8x-Qv3…",
                 }
             ]
         }
@@ -372,8 +416,14 @@ ERROR_EXAMPLES = {
     409: ("conflicts with what exists", "view 'big_orders' already exists"),
     413: ("request body too large", "request body larger than 1048576 bytes"),
     422: ("invalid request", "unsupported SQL: aggregates are not supported (COUNT)"),
-    429: ("too many failed authentication attempts from this address", "too many failed authentication attempts from this address; try again in 1 s"),
-    502: ("the source's wrapper refused or is unreachable", "could not read the schema of source 'shop' at http://127.0.0.1:8101: …"),
+    429: (
+        "too many failed authentication attempts from this address",
+        "too many failed authentication attempts from this address; try again in 1 s",
+    ),
+    502: (
+        "the source's wrapper refused or is unreachable",
+        "could not read the schema of source 'shop' at http://127.0.0.1:8101: …",
+    ),
     503: ("not ready, or still starting (then with `Retry-After`)", "not ready: the view store does not answer: …"),
 }
 
@@ -430,7 +480,7 @@ def create_app(
             "`Authorization: Bearer <token>`. Roles: `admin` (everything), `analyst` (read sources, views and "
             "rows, run read-only queries), `wrapper` of one source (post that source's updates). Create tokens "
             "with `pvm token create --role …`. `/metrics` (Prometheus) and these docs are open.\n\n"
-            "**Errors** are JSON `{\"detail\": \"<message>\"}`: 400 malformed body, 401 no valid token, "
+            '**Errors** are JSON `{"detail": "<message>"}`: 400 malformed body, 401 no valid token, '
             "403 wrong role, 404 unknown name, 409 conflict, 413 body too large, 422 invalid request or "
             "unsupported SQL, 429 too many failed authentication attempts (see `Retry-After`), 502 a source's "
             "wrapper failed."
@@ -498,7 +548,10 @@ def validation_error_response(problems: list[dict[str, Any]]) -> JSONResponse:
             reason = (p.get("ctx") or {}).get("error", "not JSON")
             position = p.get("loc", ("body", "?"))[-1]
             return JSONResponse({"detail": f"malformed JSON body: {reason} (at position {position})"}, status_code=400)
-    cleaned = [{"loc": [str(x) for x in p.get("loc", ())], "msg": str(p.get("msg", "")), "type": str(p.get("type", ""))} for p in problems]
+    cleaned = [
+        {"loc": [str(x) for x in p.get("loc", ())], "msg": str(p.get("msg", "")), "type": str(p.get("type", ""))}
+        for p in problems
+    ]
     shown = "; ".join(f"{'.'.join(p['loc'])}: {p['msg']}" for p in cleaned[:5])
     more = f" (and {len(cleaned) - 5} more)" if len(cleaned) > 5 else ""
     return JSONResponse({"detail": f"invalid request: {shown}{more}", "errors": cleaned[:100]}, status_code=422)
@@ -579,7 +632,9 @@ def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
         store = manager.store_probe.last() if manager.store_probe is not None else None
         problems = [f"the view store does not answer: {store}"] if store else []
         return HealthOut(
-            ok=True, sources=len(manager.clients), views=len(manager.views),
+            ok=True,
+            sources=len(manager.clients),
+            views=len(manager.views),
             problems=problems + manager.view_problems() + manager.source_problems(),
         )
 
@@ -695,7 +750,9 @@ def _source_routes(manager: Manager) -> APIRouter:
         responses=errors(*AUTH, 409, 413, 422, 502),
     )
     async def add_source(body: SourceIn, _: Principal = Depends(ADMIN)) -> SourceOut:
-        await manager.add_source(body.name, body.wrapper_url, body.capture, body.tables, manager_token=body.manager_token)
+        await manager.add_source(
+            body.name, body.wrapper_url, body.capture, body.tables, manager_token=body.manager_token
+        )
         return await describe(body.name, body.capture)
 
     @router.get(
@@ -860,7 +917,9 @@ def _view_routes(manager: Manager) -> APIRouter:
         if latest and as_of is not None:
             raise ManagerError("give either as_of or latest, not both", 422)
         try:
-            watermark, pinned, total, rows = await manager.read_page(name, as_of, latest, offset, limit, analyst.who(request))
+            watermark, pinned, total, rows = await manager.read_page(
+                name, as_of, latest, offset, limit, analyst.who(request)
+            )
         except AnalystError as exc:
             raise analyst.analyst_error(exc) from exc
         return RowsOut(
@@ -880,7 +939,14 @@ def _token_routes(manager: Manager, app: FastAPI) -> APIRouter:
     router = APIRouter(tags=["tokens"])
 
     def out(info: Any) -> TokenOut:
-        return TokenOut(id=info.id, role=info.role, source=info.source, name=info.name, created_at=info.created_at, revoked_at=info.revoked_at)
+        return TokenOut(
+            id=info.id,
+            role=info.role,
+            source=info.source,
+            name=info.name,
+            created_at=info.created_at,
+            revoked_at=info.revoked_at,
+        )
 
     @router.post(
         "/v1/tokens",

@@ -31,13 +31,19 @@ class ManagerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.manager
         received = CounterMetricFamily(
-            "pvm_source_updates_received", "Updates of a source received, durable and released in seq order", labels=["source"]
+            "pvm_source_updates_received",
+            "Updates of a source received, durable and released in seq order",
+            labels=["source"],
         )
         held = GaugeMetricFamily(
-            "pvm_source_updates_held", "Updates of a source received above a gap in seq, waiting for it", labels=["source"]
+            "pvm_source_updates_held",
+            "Updates of a source received above a gap in seq, waiting for it",
+            labels=["source"],
         )
         waiting = GaugeMetricFamily(
-            "pvm_source_waiting_for_seq", "The first missing seq of a source while updates are held (0: none held)", labels=["source"]
+            "pvm_source_waiting_for_seq",
+            "The first missing seq of a source while updates are held (0: none held)",
+            labels=["source"],
         )
         for source in sorted(m.clients):
             status = m.receiver.status(source)
@@ -48,7 +54,9 @@ class ManagerCollector(Collector):
         yield held
         yield waiting
         if m.store_probe is not None:
-            up = GaugeMetricFamily("pvm_store_up", "1 when the view store answered its latest probe (never waited for here)")
+            up = GaugeMetricFamily(
+                "pvm_store_up", "1 when the view store answered its latest probe (never waited for here)"
+            )
             up.add_metric([], 0.0 if m.store_probe.last() else 1.0)
             yield up
 
@@ -62,25 +70,37 @@ class ManagerCollector(Collector):
             "received": counter("pvm_view_updates_received", "Source updates routed to the view"),
             "started": counter("pvm_view_units_started", "Maintenance units started (moved from the UMQ into the PPU)"),
             "maintained": counter("pvm_view_units_maintained", "Maintenance units whose effect is computed"),
-            "committed": counter("pvm_view_units_committed", "Maintenance units whose effect is committed to the store"),
+            "committed": counter(
+                "pvm_view_units_committed", "Maintenance units whose effect is committed to the store"
+            ),
             "subqueries": counter("pvm_view_subqueries", "Subqueries sent to the sources' wrappers"),
             "compensations": counter("pvm_view_compensations", "Concurrent updates compensated in subquery answers"),
             "retries": counter(
-                "pvm_view_retries", "Steps repeated after a transient fault (a source unreachable, the store or the catalog failing)"
+                "pvm_view_retries",
+                "Steps repeated after a transient fault (a source unreachable, the store or the catalog failing)",
             ),
-            "retrying": gauge("pvm_view_retrying", "Steps (units, the commit) being retried now after a transient fault"),
+            "retrying": gauge(
+                "pvm_view_retrying", "Steps (units, the commit) being retried now after a transient fault"
+            ),
             "stalled": gauge("pvm_view_stalled", "1 when the watchdog sees work pending and no progress for its limit"),
-            "no_progress": gauge("pvm_view_no_progress_seconds", "Seconds with work pending and no unit started, maintained or committed"),
+            "no_progress": gauge(
+                "pvm_view_no_progress_seconds", "Seconds with work pending and no unit started, maintained or committed"
+            ),
             "pending": gauge("pvm_view_updates_pending", "Updates queued (UMQ) or being maintained (PPU)"),
-            "queued": gauge("pvm_view_updates_queued", "Updates received and in no unit yet (UMQ, or the log of a held view)"),
+            "queued": gauge(
+                "pvm_view_updates_queued", "Updates received and in no unit yet (UMQ, or the log of a held view)"
+            ),
             "ppu": gauge("pvm_view_ppu_occupancy", "Units being maintained (PPU occupancy)"),
             "ppu_size": gauge("pvm_view_ppu_size", "PPU size p: units maintained at most at once"),
             "retained": gauge("pvm_view_units_retained", "Maintained units kept for compensation (RPU)"),
-            "waiting": gauge("pvm_view_units_waiting", "Numbered units waiting for a PPU slot (after a restart or a fault)"),
+            "waiting": gauge(
+                "pvm_view_units_waiting", "Numbered units waiting for a PPU slot (after a restart or a fault)"
+            ),
             "watermark": gauge("pvm_view_watermark", "Visibility watermark W: every order <= W is committed"),
             "lag_updates": gauge("pvm_view_lag_updates", "Updates received but not visible at W yet"),
             "lag_seconds": gauge(
-                "pvm_view_lag_seconds", "Age in seconds of the oldest update not visible at W (queued, running or above W)"
+                "pvm_view_lag_seconds",
+                "Age in seconds of the oldest update not visible at W (queued, running or above W)",
             ),
             "state": gauge("pvm_view_state", "1 for the state the view is in", ("view", "state")),
         }
@@ -133,9 +153,15 @@ class ManagerCollector(Collector):
 
 def _analyst_metrics(status: dict[str, Any]) -> Iterator[Metric]:
     """The analysts' query process (``warehouse/analysts``)."""
-    yield GaugeMetricFamily("pvm_analyst_ready", "1 when the analysts' query process takes queries", value=float(status["ready"]))
-    yield CounterMetricFamily("pvm_analyst_restarts", "Restarts of the analysts' query process", value=status["restarts"])
-    yield GaugeMetricFamily("pvm_analyst_queries_running", "Analyst queries and row reads running now", value=status["running"])
+    yield GaugeMetricFamily(
+        "pvm_analyst_ready", "1 when the analysts' query process takes queries", value=float(status["ready"])
+    )
+    yield CounterMetricFamily(
+        "pvm_analyst_restarts", "Restarts of the analysts' query process", value=status["restarts"]
+    )
+    yield GaugeMetricFamily(
+        "pvm_analyst_queries_running", "Analyst queries and row reads running now", value=status["running"]
+    )
 
 
 def registry_for(manager: Any) -> CollectorRegistry:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
@@ -54,7 +54,7 @@ def decode_value(value: Any) -> Any:
 _DECODE = BeforeValidator(decode_value)
 _ENCODE = PlainSerializer(encode_value, when_used="json", return_type=Any)
 
-Scalar = Annotated[Union[int, float, str, bool, None], _DECODE, _ENCODE]
+Scalar = Annotated[int | float | str | bool | None, _DECODE, _ENCODE]
 """One value of a row, as the wire carries it (see ``encode_value``, ``decode_value``)."""
 
 AnyValue = Annotated[Any, _DECODE, _ENCODE]
@@ -92,6 +92,7 @@ def _untag(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and isinstance(tag := obj.get(FLOAT_TAG), str) and tag in _NON_FINITE:
         return _NON_FINITE[tag]
     return obj
+
 
 INT64_MAX = 2**63 - 1  # integers on the wire fit signed 64 bits (the catalog's and Spark's BIGINT)
 MAX_CHANGES_PER_UPDATE = 100_000

@@ -18,14 +18,13 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-
-from fastapi import Depends, FastAPI, HTTPException, Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
 from typing import Any
 
 import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from api import application_changes
@@ -73,7 +72,9 @@ class Health(BaseModel):
         description="the capture method, and for snapshot capture: snapshots applied, when the last was, "
         "the changes it found per table, the algorithm per table, and the last error (None if the last try worked)",
     )
-    blocked: Blocked | None = Field(default=None, description="set while capture keeps failing (3 tries in a row or more)")
+    blocked: Blocked | None = Field(
+        default=None, description="set while capture keeps failing (3 tries in a row or more)"
+    )
     quarantine: Quarantine = Field(default_factory=Quarantine)
 
 
@@ -118,7 +119,9 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
     ``POST /v1/changes`` takes the application's changes (bearing ``application_token``)."""
     if not manager_token:
         manager_token = None
-        log.warning("wrapper of %s runs without --manager-token: anyone who reaches it can query it", wrapper.config.source)
+        log.warning(
+            "wrapper of %s runs without --manager-token: anyone who reaches it can query it", wrapper.config.source
+        )
     manager_only = [Depends(_manager_only(manager_token))]
 
     @asynccontextmanager
@@ -154,17 +157,25 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
 
     @app.exception_handler(RequestValidationError)
     async def malformed(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors())
         return JSONResponse({"detail": f"invalid request body: {problems}"}, status_code=422)
 
-    @app.post("/v1/subquery", response_model=SubqueryAnswer, summary="Join keys with a relation, with a watermark", dependencies=manager_only)
+    @app.post(
+        "/v1/subquery",
+        response_model=SubqueryAnswer,
+        summary="Join keys with a relation, with a watermark",
+        dependencies=manager_only,
+    )
     async def subquery(body: Subquery) -> Response:
         # Serialized once, here: FastAPI would validate the answer's every value again first.
         return Response((await wrapper.answer(body)).model_dump_json(), media_type="application/json")
 
-    @app.put("/v1/interest", response_model=InterestAck, summary="Replace what is shipped of each relation", dependencies=manager_only)
+    @app.put(
+        "/v1/interest",
+        response_model=InterestAck,
+        summary="Replace what is shipped of each relation",
+        dependencies=manager_only,
+    )
     async def interest(body: Interest) -> InterestAck:
         return await wrapper.set_interest(body)
 
@@ -172,7 +183,12 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
     async def health() -> Health:
         return Health.model_validate(wrapper.health())
 
-    @app.get("/v1/schema", response_model=SourceInfo, summary="Columns, SQL types and primary keys", dependencies=manager_only)
+    @app.get(
+        "/v1/schema",
+        response_model=SourceInfo,
+        summary="Columns, SQL types and primary keys",
+        dependencies=manager_only,
+    )
     async def schema() -> SourceInfo:
         return SourceInfo(
             source=wrapper.config.source,

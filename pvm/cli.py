@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "pvm-vs-sweep": ("pvm.bench.pvm_vs_sweep", "total maintenance time T(p) against SWEEP (paper Fig. 21/23)"),
     "diff": ("wrappers.differential.bench", "snapshot differential algorithms against reading both snapshots"),
-    "capture": ("wrappers.bench_capture", "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite"),
+    "capture": (
+        "wrappers.bench_capture",
+        "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
+    ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),
 }
 
@@ -63,4 +66,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-

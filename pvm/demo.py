@@ -31,22 +31,45 @@ VIEW_SQL = (
 )
 REGIONS = ["north", "south", "east", "west", "internal"]
 SCHEMAS = {
-    "shop": ("orders", "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, qty INTEGER)"),
+    "shop": (
+        "orders",
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, qty INTEGER)",
+    ),
     "crm": ("customers", "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, region TEXT)"),
     "inventory": ("products", "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, price REAL)"),
 }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=None, help="where the sources and the catalog go (default: a new temporary directory)")
-    parser.add_argument("--transactions", type=int, default=400, help="source transactions the writers commit (default: 400)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the sources and the catalog go (default: a new temporary directory)",
+    )
+    parser.add_argument(
+        "--transactions", type=int, default=400, help="source transactions the writers commit (default: 400)"
+    )
     parser.add_argument("--writers", type=int, default=3, help="concurrent writer threads (default: 3)")
-    parser.add_argument("--rate", type=float, default=100.0, help="source transactions per second, all writers together (default: 100)")
+    parser.add_argument(
+        "--rate", type=float, default=100.0, help="source transactions per second, all writers together (default: 100)"
+    )
     parser.add_argument("--parallelism", type=int, default=4, help="PPU size p of the view (default: 4)")
-    parser.add_argument("--query-delay-ms", type=float, default=5.0, help="extra cost of every subquery at the sources (default: 5)")
-    parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="view store: Spark tables, or in memory (default: spark)")
+    parser.add_argument(
+        "--query-delay-ms", type=float, default=5.0, help="extra cost of every subquery at the sources (default: 5)"
+    )
+    parser.add_argument(
+        "--store",
+        choices=["memory", "spark"],
+        default="spark",
+        help="view store: Spark tables, or in memory (default: spark)",
+    )
     parser.add_argument("--seed", type=int, default=7, help="random seed of the data and the workload")
-    parser.add_argument("--serve", action="store_true", help="after the verification, keep the manager and the wrappers running to explore (Ctrl-C stops)")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the verification, keep the manager and the wrappers running to explore (Ctrl-C stops)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="with --serve: the manager's port (default: 8000)")
 
 
@@ -63,7 +86,7 @@ def empty_sources(data_dir: Path, prefix: str = "") -> dict[str, Path]:
     """Fresh SQLite databases for the shop, CRM and inventory sources (WAL: readers and the
     writers do not block each other)."""
     paths = {}
-    for source, (table, ddl) in SCHEMAS.items():
+    for source, (_table, ddl) in SCHEMAS.items():
         path = data_dir / f"{prefix}{source}.db"
         path.unlink(missing_ok=True)
         with sqlite3.connect(path) as db:
@@ -76,9 +99,14 @@ def empty_sources(data_dir: Path, prefix: str = "") -> dict[str, Path]:
 def create_sources(data_dir: Path, rng: random.Random) -> dict[str, Path]:
     paths = empty_sources(data_dir)
     with sqlite3.connect(paths["crm"]) as db:
-        db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(i, f"customer-{i}", rng.choice(REGIONS)) for i in range(1, 201)])
+        db.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?)", [(i, f"customer-{i}", rng.choice(REGIONS)) for i in range(1, 201)]
+        )
     with sqlite3.connect(paths["inventory"]) as db:
-        db.executemany("INSERT INTO products VALUES (?, ?, ?)", [(i, f"product-{i}", round(rng.uniform(1, 100), 2)) for i in range(1, 51)])
+        db.executemany(
+            "INSERT INTO products VALUES (?, ?, ?)",
+            [(i, f"product-{i}", round(rng.uniform(1, 100), 2)) for i in range(1, 51)],
+        )
     with sqlite3.connect(paths["shop"]) as db:
         db.executemany(
             "INSERT INTO orders VALUES (?, ?, ?, ?)",
@@ -95,7 +123,10 @@ def one_transaction(paths: dict[str, Path], rng: random.Random, next_id: list[in
             action = rng.random()
             if action < 0.45:
                 next_id[0] += 1
-                db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_id[0], rng.randint(1, 210), rng.randint(1, 55), rng.randint(0, 5)))
+                db.execute(
+                    "INSERT INTO orders VALUES (?, ?, ?, ?)",
+                    (next_id[0], rng.randint(1, 210), rng.randint(1, 55), rng.randint(0, 5)),
+                )
             elif action < 0.75:
                 db.execute("UPDATE orders SET qty = ? WHERE id = ?", (rng.randint(0, 5), rng.randint(1, next_id[0])))
             else:
@@ -147,10 +178,10 @@ class Demo:
         self.rng = random.Random(args.seed)
 
     async def run(self) -> int:
+        import shutil
+
         import httpx
         from rich.console import Console
-
-        import shutil
 
         from pvm.local import LocalDeployment, catalog_url
         from pvm.serve import open_store
@@ -182,7 +213,11 @@ class Demo:
                 await deployment.manager.wait_idle(VIEW_NAME, timeout=300)
                 status = (await api.get(f"/v1/views/{VIEW_NAME}")).json()
                 verified = await self._verify(api, console, paths, status, progress)
-            console.print(explore_commands(self.data_dir, deployment if self.args.serve else None), soft_wrap=True, highlight=False)
+            console.print(
+                explore_commands(self.data_dir, deployment if self.args.serve else None),
+                soft_wrap=True,
+                highlight=False,
+            )
             if self.args.serve:
                 try:
                     await asyncio.Event().wait()  # until Ctrl-C
@@ -263,7 +298,9 @@ class Demo:
             f"watermark {status['watermark']}, {elapsed:.1f} s"
         )
         if verified:
-            console.print(f"[green]verified[/green]: the view equals its recomputation from the live sources ({len(rows)} rows)")
+            console.print(
+                f"[green]verified[/green]: the view equals its recomputation from the live sources ({len(rows)} rows)"
+            )
             return 0
         missing, extra = expected - got, got - expected
         console.print(f"[red]MISMATCH[/red]: {len(missing)} rows missing, {len(extra)} rows extra")
@@ -278,7 +315,9 @@ def _status_table(status: dict, progress: Progress, total: int, parallelism: int
     t.add_row("source transactions committed", f"{progress.committed} / {total}")
     t.add_row("updates received / maintained", f"{c['updates_received']} / {c['units_committed']} units")
     t.add_row("watermark W", str(status["watermark"]))
-    t.add_row("queued (UMQ) / running (PPU)", f"{status['updates_queued']} / {status['units_running']} of {parallelism}")
+    t.add_row(
+        "queued (UMQ) / running (PPU)", f"{status['updates_queued']} / {status['units_running']} of {parallelism}"
+    )
     t.add_row("compensations", str(c["compensations"]))
     t.add_row("lag behind the sources", f"{status.get('lag_updates', 0)} updates, {status['lag_seconds']:.2f} s")
     t.add_row("state", status["state"])
@@ -291,26 +330,44 @@ def explore_commands(data_dir: Path, deployment=None) -> str:
     url = deployment.url if deployment is not None else "http://127.0.0.1:8000"
     steps: list[tuple[str, str]] = []
     if deployment is None:
-        steps.append(("the same demo, then the manager and the wrappers stay up (Ctrl-C stops them) "
-                      "and it prints these commands with its tokens", "pvm demo --serve"))
+        steps.append(
+            (
+                "the same demo, then the manager and the wrappers stay up (Ctrl-C stops them) "
+                "and it prints these commands with its tokens",
+                "pvm demo --serve",
+            )
+        )
         token = "<the analyst token it prints>"
     else:
         token = deployment.analyst_token
     steps += [
-        ("in another terminal, as an analyst (reads views, runs queries)", f"export PVM_MANAGER={url} PVM_TOKEN={token}"),
+        (
+            "in another terminal, as an analyst (reads views, runs queries)",
+            f"export PVM_MANAGER={url} PVM_TOKEN={token}",
+        ),
         ("status, watermark W, lag, maintenance counters", f"pvm view show {VIEW_NAME}"),
         ("the view as of W: a state the sources really had", f"pvm view rows {VIEW_NAME} --limit 10"),
-        ("Spark SQL over the view (read-only)",
-         f'pvm query "SELECT region, COUNT(*) AS orders, SUM(qty) AS items FROM {VIEW_NAME} GROUP BY region"'),
-        ("change a source, then read the view again", f"sqlite3 {data_dir / 'shop.db'} \"UPDATE orders SET qty = 5 WHERE id = 1\""),
+        (
+            "Spark SQL over the view (read-only)",
+            f'pvm query "SELECT region, COUNT(*) AS orders, SUM(qty) AS items FROM {VIEW_NAME} GROUP BY region"',
+        ),
+        (
+            "change a source, then read the view again",
+            f'sqlite3 {data_dir / "shop.db"} "UPDATE orders SET qty = 5 WHERE id = 1"',
+        ),
         ("the API with examples (Authorize with a token)", f"{url}/docs"),
     ]
     if deployment is not None:
         steps += [
             ("Prometheus metrics", f"curl -s {url}/metrics | grep ^pvm_view"),
-            ("as the administrator (define and drop views, create tokens)", f"export PVM_TOKEN={deployment.admin_token}"),
+            (
+                "as the administrator (define and drop views, create tokens)",
+                f"export PVM_TOKEN={deployment.admin_token}",
+            ),
         ]
-    lines = ["[bold]keep exploring[/bold]" + (f": the manager keeps running on {url}, Ctrl-C stops it" if deployment else "")]
+    lines = [
+        "[bold]keep exploring[/bold]" + (f": the manager keeps running on {url}, Ctrl-C stops it" if deployment else "")
+    ]
     for comment, command in steps:
         lines += [f"  [dim]# {comment}[/dim]", f"  [cyan]{command}[/cyan]"]
     return "\n".join(lines)

@@ -71,9 +71,16 @@ class LocalDeployment:
         wrapper_token = (await issue(self.manager, "wrapper", source=name, name=f"local wrapper of {name}"))[1]
         manager_token = secrets.token_urlsafe(32)
         wrapper = await asyncio.to_thread(
-            start_wrapper, name, f"sqlite:///{path}", tables, self.url,
-            state_dir=self.data_dir / "wrappers" / name, log_path=self.data_dir / f"wrapper-{name}.log",
-            token=wrapper_token, manager_token=manager_token, **wrapper_options,
+            start_wrapper,
+            name,
+            f"sqlite:///{path}",
+            tables,
+            self.url,
+            state_dir=self.data_dir / "wrappers" / name,
+            log_path=self.data_dir / f"wrapper-{name}.log",
+            token=wrapper_token,
+            manager_token=manager_token,
+            **wrapper_options,
         )
         self.wrappers[name] = wrapper
         await self.manager.add_source(name, wrapper.url, "trigger", tables, manager_token=manager_token)
@@ -92,6 +99,8 @@ class LocalDeployment:
                 done = True
                 for name, w in self.wrappers.items():
                     health = (await http.get(f"{w.url}/v1/health")).json()
-                    done &= health["pending"] == 0 and health["last_seq"] == self.manager.receiver.released_through(name)
+                    done &= health["pending"] == 0 and health["last_seq"] == self.manager.receiver.released_through(
+                        name
+                    )
                 stable = stable + 1 if done else 0
                 await asyncio.sleep(0.05)

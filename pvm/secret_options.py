@@ -56,7 +56,9 @@ class SecretOption:
         if self.on_command_line:
             parser.add_argument(self.flag, default=None, help=f"{self.help} (or {self.file_flag} FILE, or ${self.env})")
         what = self.flag if self.on_command_line else f"{self.help} (default: ${self.env})"
-        parser.add_argument(self.file_flag, type=Path, default=None, metavar="FILE", help=f"read {what} from the first line of FILE")
+        parser.add_argument(
+            self.file_flag, type=Path, default=None, metavar="FILE", help=f"read {what} from the first line of FILE"
+        )
 
     def value(self, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str | None:
         """The value from the command line, else the file, else the environment (None if

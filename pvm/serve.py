@@ -29,46 +29,105 @@ log = logging.getLogger("pvm.serve")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="catalog and view store files (default: var/pvm or $PVM_DATA_DIR)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="catalog and view store files (default: var/pvm or $PVM_DATA_DIR)",
+    )
     CATALOG_URL.add_to(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
-    parser.add_argument("--store", choices=["memory", "spark"], default="spark", help="where views live: Spark tables, or in memory for quick runs (default: spark)")
+    parser.add_argument(
+        "--store",
+        choices=["memory", "spark"],
+        default="spark",
+        help="where views live: Spark tables, or in memory for quick runs (default: spark)",
+    )
     parser.add_argument("--spark-master", default=None, help="Spark master URL (default: embedded local[*])")
     parser.add_argument(
-        "--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="a Spark setting for the service's session, e.g. spark.driver.memory=4g; repeatable (overrides the service's defaults)",
     )
     parser.add_argument(
-        "--connect-port", type=int, default=-1,
+        "--connect-port",
+        type=int,
+        default=-1,
         help="serve Spark Connect to analysts on this port (their analyst tokens required); 0 picks a free one (default: -1, off)",
     )
     parser.add_argument("--connect-host", default=None, help="interface of Spark Connect (default: --host)")
-    parser.add_argument("--connect-tls-cert", type=Path, default=None, help="TLS certificate (PEM) for Spark Connect; needed off loopback")
+    parser.add_argument(
+        "--connect-tls-cert",
+        type=Path,
+        default=None,
+        help="TLS certificate (PEM) for Spark Connect; needed off loopback",
+    )
     parser.add_argument("--connect-tls-key", type=Path, default=None, help="TLS private key (PEM) for Spark Connect")
     analysts = parser.add_argument_group("analysts' queries (run in a Spark process of their own)")
-    analysts.add_argument("--analyst-memory", default="1g", help="heap of the analysts' Spark process, e.g. 2g (default: 1g)")
-    analysts.add_argument("--analyst-master", default="local[2]", help="Spark master of the analysts' process (default: local[2])")
-    analysts.add_argument("--analyst-concurrency", type=int, default=4, help="analyst queries run at once, all tokens (default: 4)")
-    analysts.add_argument("--analyst-per-token", type=int, default=2, help="analyst queries one token may run at once (default: 2)")
-    analysts.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS", help="an analyst query is stopped after this long (default: 120)")
-    analysts.add_argument("--max-result-bytes", type=int, default=16 << 20, help="size of an analyst query's answer at most (default: 16 MiB)")
-    analysts.add_argument("--analyst-user", default=None, help="OS user to run the analysts' process as (pvm serve must run as root)")
-    parser.add_argument("--compaction-interval", type=float, default=30.0, help="seconds between checks of the background compaction of the Spark store (default: 30)")
-    parser.add_argument("--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)")
+    analysts.add_argument(
+        "--analyst-memory", default="1g", help="heap of the analysts' Spark process, e.g. 2g (default: 1g)"
+    )
+    analysts.add_argument(
+        "--analyst-master", default="local[2]", help="Spark master of the analysts' process (default: local[2])"
+    )
+    analysts.add_argument(
+        "--analyst-concurrency", type=int, default=4, help="analyst queries run at once, all tokens (default: 4)"
+    )
+    analysts.add_argument(
+        "--analyst-per-token", type=int, default=2, help="analyst queries one token may run at once (default: 2)"
+    )
+    analysts.add_argument(
+        "--query-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="an analyst query is stopped after this long (default: 120)",
+    )
+    analysts.add_argument(
+        "--max-result-bytes",
+        type=int,
+        default=16 << 20,
+        help="size of an analyst query's answer at most (default: 16 MiB)",
+    )
+    analysts.add_argument(
+        "--analyst-user", default=None, help="OS user to run the analysts' process as (pvm serve must run as root)"
+    )
     parser.add_argument(
-        "--commit-linger", type=float, default=0.0, metavar="SECONDS",
+        "--compaction-interval",
+        type=float,
+        default=30.0,
+        help="seconds between checks of the background compaction of the Spark store (default: 30)",
+    )
+    parser.add_argument(
+        "--commit-group-size", type=int, default=1000, help="effects appended to the store per write (default: 1000)"
+    )
+    parser.add_argument(
+        "--commit-linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="how long the commit manager waits after an effect is ready, to gather more into the same write (default: 0)",
     )
     parser.add_argument(
-        "--stall-after", type=float, default=60.0, metavar="SECONDS",
+        "--stall-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="the maintenance watchdog: a view with work pending and no progress this long is reported stalled and makes /v1/ready fail (default: 60)",
     )
     parser.add_argument(
-        "--seq-window", type=int, default=100_000, metavar="N",
+        "--seq-window",
+        type=int,
+        default=100_000,
+        metavar="N",
         help="how far beyond a source's last received seq an update is accepted, held until the gap fills (default: 100000)",
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level"
+    )
 
 
 def catalog_url(data_dir: Path, catalog: str | None) -> str:
@@ -79,8 +138,13 @@ def catalog_url(data_dir: Path, catalog: str | None) -> str:
 
 
 def open_store(
-    kind: str, data_dir: Path, master: str | None, catalog_url: str, spark_conf: dict[str, str] | None = None,
-    retire_after_s: float = 0.0, host: str = "127.0.0.1",
+    kind: str,
+    data_dir: Path,
+    master: str | None,
+    catalog_url: str,
+    spark_conf: dict[str, str] | None = None,
+    retire_after_s: float = 0.0,
+    host: str = "127.0.0.1",
 ):
     """The view store; Spark's driver listens on ``host`` (the service's ``--host``)."""
     if kind == "memory":
@@ -209,8 +273,13 @@ def run(args: argparse.Namespace) -> int:
     failures: list[BaseException] = []
     try:
         manager = Manager(
-            url, None, commit_group_size=args.commit_group_size, commit_linger=args.commit_linger,
-            stall_after_s=args.stall_after, catalog_key_file=key_file, seq_window=args.seq_window,
+            url,
+            None,
+            commit_group_size=args.commit_group_size,
+            commit_linger=args.commit_linger,
+            stall_after_s=args.stall_after,
+            catalog_key_file=key_file,
+            seq_window=args.seq_window,
         )
         verifier = verifier_for(manager)
 
@@ -290,7 +359,9 @@ def check_analyst_options(args: argparse.Namespace) -> None:
         except KeyError:
             raise CliError(f"--analyst-user {args.analyst_user!r}: no such OS user") from None
         if os.geteuid() != 0:
-            raise CliError("--analyst-user needs pvm serve to run as root (it starts the analysts' process as that user)")
+            raise CliError(
+                "--analyst-user needs pvm serve to run as root (it starts the analysts' process as that user)"
+            )
 
 
 def spark_settings(pairs: list[str]) -> dict[str, str]:

@@ -18,9 +18,15 @@ from pvm.client import API_TOKEN
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("view", metavar="VIEW", help="the view to verify")
-    parser.add_argument("--manager", default=os.environ.get("PVM_MANAGER", "http://127.0.0.1:8000"), help="the manager's URL (default: $PVM_MANAGER or http://127.0.0.1:8000)")
+    parser.add_argument(
+        "--manager",
+        default=os.environ.get("PVM_MANAGER", "http://127.0.0.1:8000"),
+        help="the manager's URL (default: $PVM_MANAGER or http://127.0.0.1:8000)",
+    )
     API_TOKEN.add_to(parser)
-    parser.add_argument("--max-differences", type=int, default=20, help="rows listed at most, of each kind (default: 20)")
+    parser.add_argument(
+        "--max-differences", type=int, default=20, help="rows listed at most, of each kind (default: 20)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the manager (default: 600)")
     parser.add_argument("--json", action="store_true", help="print the manager's report as JSON instead of tables")
 
@@ -39,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     url = f"{args.manager.rstrip('/')}/v1/views/{args.view}/verify"
     try:
         with console.status(f"verifying {args.view}: snapshots of its sources, recomputation in Spark, comparison…"):
-            response = httpx.post(url, json={"max_differences": args.max_differences}, headers=headers, timeout=args.timeout)
+            response = httpx.post(
+                url, json={"max_differences": args.max_differences}, headers=headers, timeout=args.timeout
+            )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the manager at {args.manager}: {exc}") from exc
     if response.status_code >= 400:
@@ -60,8 +68,11 @@ def show(console, report: dict) -> None:
         sources.add_column(column)
     for cut in report["sources"]:
         sources.add_row(
-            f"{cut['source']}.{cut['relation']}", str(cut["upto"]), str(cut["snapshot_watermark"]),
-            str(cut["subtracted_updates"]), str(cut["rows"]),
+            f"{cut['source']}.{cut['relation']}",
+            str(cut["upto"]),
+            str(cut["snapshot_watermark"]),
+            str(cut["subtracted_updates"]),
+            str(cut["rows"]),
         )
     console.print(sources)
     for note in report.get("notes", []):

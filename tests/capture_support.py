@@ -1,6 +1,6 @@
-"""Fixtures for tests against the real PostgreSQL and MariaDB servers (``pytest.mark.servers``).
+"""Helpers for tests against the real PostgreSQL and MariaDB servers (``pytest.mark.servers``).
 
-Each test gets a fresh PostgreSQL schema (the URL sets it as ``search_path``) or MariaDB
+The fixtures ``pg_url`` and ``maria_url`` (in ``tests/conftest.py``) give each test a fresh PostgreSQL schema (the URL sets it as ``search_path``) or MariaDB
 database with a unique name, dropped afterwards, so tests can run again and side by side
 against the shared servers. ``bash scripts/services.sh`` starts the servers.
 """
@@ -26,7 +26,7 @@ def unique_name() -> str:
     return f"pvm_t_{uuid.uuid4().hex[:12]}"
 
 
-def _admin(url: str) -> sa.Engine:
+def admin_engine(url: str) -> sa.Engine:
     engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
@@ -39,36 +39,6 @@ def _admin(url: str) -> sa.Engine:
 
 def pg_schema_url(schema: str, user: str = "postgres") -> str:
     return f"postgresql+psycopg://{user}@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-
-
-@pytest.fixture()
-def pg_url() -> Iterator[str]:
-    """A URL whose current schema is a fresh, empty schema of the test database."""
-    schema = unique_name()
-    admin = _admin(PG_ADMIN)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    try:
-        yield pg_schema_url(schema)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-        admin.dispose()
-
-
-@pytest.fixture()
-def maria_url() -> Iterator[str]:
-    """A URL of a fresh, empty MariaDB database."""
-    database = unique_name()
-    admin = _admin(MARIADB_ADMIN)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
-    try:
-        yield f"mysql+pymysql://root@127.0.0.1:3306/{database}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE {database}")
-        admin.dispose()
 
 
 def run_sql(url: str, *statements: str, params: dict | None = None) -> None:
@@ -111,7 +81,10 @@ def random_transaction(conn: sa.Connection, rng: random.Random, fresh_ids: Itera
                     {"id": next(fresh_ids), "b": rng.randint(0, 5), "v": rng.choice(VALUES)},
                 )
             elif op < 0.65:
-                conn.execute(sa.text("UPDATE r SET b = :b, v = :v WHERE id = :id"), {"b": rng.randint(0, 5), "v": rng.choice(VALUES), "id": target})
+                conn.execute(
+                    sa.text("UPDATE r SET b = :b, v = :v WHERE id = :id"),
+                    {"b": rng.randint(0, 5), "v": rng.choice(VALUES), "id": target},
+                )
             elif op < 0.8:
                 conn.execute(sa.text("UPDATE r SET id = :new WHERE id = :id"), {"new": next(fresh_ids), "id": target})
             else:

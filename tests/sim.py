@@ -136,17 +136,35 @@ def evaluate(q: Subquery, columns: tuple[str, ...], contents: ZSet) -> list[list
     return [[*row, w] for row, w in out.items()]
 
 
-async def start_sim_manager(catalog_path, tables: dict[str, dict[str, tuple[str, ...]]], store=None, switches=None, seed: int = 0, delays: Delays | None = None, sources: dict[str, SimSource] | None = None, catalog_url: str | None = None, **options):
+async def start_sim_manager(
+    catalog_path,
+    tables: dict[str, dict[str, tuple[str, ...]]],
+    store=None,
+    switches=None,
+    seed: int = 0,
+    delays: Delays | None = None,
+    sources: dict[str, SimSource] | None = None,
+    catalog_url: str | None = None,
+    **options,
+):
     """A manager over in-process sources (new ones, or ``sources`` after a restart); the
     catalog is an SQLite file at ``catalog_path`` unless ``catalog_url`` names a database."""
     from warehouse.manager import Manager
     from warehouse.store.memory import MemoryStore
 
     rng = random.Random(seed)
-    sources = sources or {name: SimSource(name, t, random.Random(rng.random()), delays or Delays()) for name, t in tables.items()}
+    sources = sources or {
+        name: SimSource(name, t, random.Random(rng.random()), delays or Delays()) for name, t in tables.items()
+    }
     for s in sources.values():
         s.receive = _unavailable
-    manager = Manager(catalog_url or f"sqlite:///{catalog_path}", store or MemoryStore(), connect=lambda n, u: sources[n], switches=switches, **options)
+    manager = Manager(
+        catalog_url or f"sqlite:///{catalog_path}",
+        store or MemoryStore(),
+        connect=lambda n, u: sources[n],
+        switches=switches,
+        **options,
+    )
     await manager.start()
     for s in sources.values():
         s.receive = manager.receive

@@ -174,5 +174,10 @@ def test_nested_with_clauses_stay_where_they_were_written(sql: str) -> None:
 
 def test_spark_types_from_source_types() -> None:
     assert [spark_type(t) for t in ("INTEGER", "TEXT", "REAL", "BOOLEAN", "DATE", "")] == [
-        "BIGINT", "STRING", "DOUBLE", "BOOLEAN", None, None,
+        "BIGINT",
+        "STRING",
+        "DOUBLE",
+        "BOOLEAN",
+        None,
+        None,
     ]

@@ -39,7 +39,9 @@ def test_the_process_runs_as_its_own_user(tmp_path, monkeypatch: pytest.MonkeyPa
     account = pwd.getpwnam("nobody")
     seen: dict = {}
     chowned: list = []
-    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: seen.update(kwargs) or (_ for _ in ()).throw(OSError()))
+    monkeypatch.setattr(
+        subprocess, "Popen", lambda command, **kwargs: seen.update(kwargs) or (_ for _ in ()).throw(OSError())
+    )
     monkeypatch.setattr("os.chown", lambda path, uid, gid: chowned.append((str(path), uid, gid)))
     process = AnalystProcess(AnalystSettings(work_dir=tmp_path / "analysts", user="nobody"))
     monkeypatch.setattr(process, "_watch", lambda: None)
@@ -54,13 +56,11 @@ def test_the_process_runs_as_its_own_user(tmp_path, monkeypatch: pytest.MonkeyPa
 def test_limits_count_queries_per_token_and_overall(tmp_path) -> None:
     process = AnalystProcess(AnalystSettings(work_dir=tmp_path, concurrency=3, per_principal=2))
     with process.admit("a"), process.admit("a"):
-        with pytest.raises(AnalystsBusy, match="the most one token may run at once"):
-            with process.admit("a"):
-                pass
+        with pytest.raises(AnalystsBusy, match="the most one token may run at once"), process.admit("a"):
+            pass
         with process.admit("b"):
-            with pytest.raises(AnalystsBusy, match="the most the service runs at once"):
-                with process.admit("c"):
-                    pass
+            with pytest.raises(AnalystsBusy, match="the most the service runs at once"), process.admit("c"):
+                pass
             assert process.status()["running"] == 3
     assert process.status()["running"] == 0 and not process._admitted  # nothing kept per token
     with process.admit("c"):

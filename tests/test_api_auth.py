@@ -8,7 +8,10 @@ import pytest
 from api.auth import check_secret, parse_token
 from tests.api_support import VIEW, api_env
 
-UPDATE_A = {"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1, "v": "x"}}]}]}
+UPDATE_A = {
+    "source": "a",
+    "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1, "v": "x"}}]}],
+}
 
 
 @pytest.fixture
@@ -20,7 +23,13 @@ async def env(tmp_path):
 async def test_each_role_may_do_its_part_only(env):
     c = env.client
     assert (await c.post("/v1/views", json={"sql": VIEW, "name": "v"}, headers=env.auth("admin"))).status_code == 201
-    reads = [("GET", "/v1/views"), ("GET", "/v1/views/v"), ("GET", "/v1/views/v/rows"), ("GET", "/v1/sources"), ("GET", "/v1/sources/a")]
+    reads = [
+        ("GET", "/v1/views"),
+        ("GET", "/v1/views/v"),
+        ("GET", "/v1/views/v/rows"),
+        ("GET", "/v1/sources"),
+        ("GET", "/v1/sources/a"),
+    ]
     for method, path in reads:
         assert (await c.request(method, path, headers=env.auth("analyst"))).status_code == 200, path
         refused = await c.request(method, path, headers=env.auth("wrapper_a"))
@@ -50,7 +59,12 @@ async def test_each_role_may_do_its_part_only(env):
 
 async def test_missing_or_bad_tokens_are_401_with_a_challenge(env):
     c = env.client
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic dXNlcjpwdw=="}, {"Authorization": "Bearer pvm_1_" + "x" * 43}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": "Basic dXNlcjpwdw=="},
+        {"Authorization": "Bearer pvm_1_" + "x" * 43},
+    ):
         r = await c.get("/v1/views", headers=headers)
         assert r.status_code == 401, headers
         assert r.headers["www-authenticate"].startswith("Bearer")
@@ -68,12 +82,16 @@ async def test_token_created_once_stored_hashed_and_revoked_at_once(env):
     token_id, secret = parse_token(token)
     assert token_id == created["id"]
     stored = await env.manager.db("token", token_id)
-    assert secret not in stored.hash and check_secret(secret, stored.hash) and not check_secret(secret + "x", stored.hash)
+    assert (
+        secret not in stored.hash and check_secret(secret, stored.hash) and not check_secret(secret + "x", stored.hash)
+    )
 
     bearer = {"Authorization": f"Bearer {token}"}
     assert (await c.get("/v1/views", headers=bearer)).status_code == 200
     listed = (await c.get("/v1/tokens", headers=env.auth("admin"))).json()
-    assert {"id": token_id, "role": "analyst", "name": "bi"}.items() <= next(t for t in listed if t["id"] == token_id).items()
+    assert {"id": token_id, "role": "analyst", "name": "bi"}.items() <= next(
+        t for t in listed if t["id"] == token_id
+    ).items()
     assert all("token" not in t and "hash" not in t for t in listed)
 
     revoked = await c.delete(f"/v1/tokens/{token_id}", headers=env.auth("admin"))
@@ -118,7 +136,7 @@ async def test_every_operation_is_documented_with_an_example(env):
             if content is not None:  # else 204: no body
                 assert _has_example(spec, next(iter(content.values()))), where
             for code, response in op["responses"].items():
-                if code.startswith("4") and code != "422" or code.startswith("5"):
+                if (code.startswith("4") and code != "422") or code.startswith("5"):
                     assert "example" in next(iter(response["content"].values())), (where, code)
             if path.startswith("/v1/") and path not in ("/v1/health", "/v1/ready"):
                 assert {"401", "403"} <= set(op["responses"]), (where, "token refusals")
@@ -126,7 +144,10 @@ async def test_every_operation_is_documented_with_an_example(env):
     # example is a request the route accepts (it gets past validation to the handler: no view
     # store for queries, no such view to verify)
     assert {"POST /v1/query", "POST /v1/views/{name}/verify"} <= seen
-    analyst_bodies = [("/v1/query", "/v1/query", "QueryIn", 501), ("/v1/views/{name}/verify", "/v1/views/nope/verify", "VerifyIn", 404)]
+    analyst_bodies = [
+        ("/v1/query", "/v1/query", "QueryIn", 501),
+        ("/v1/views/{name}/verify", "/v1/views/nope/verify", "VerifyIn", 404),
+    ]
     for documented, posted, model, status in analyst_bodies:
         media = spec["paths"][documented]["post"]["requestBody"]["content"]["application/json"]
         schema = _schema_of(spec, media["schema"])
@@ -138,4 +159,7 @@ async def test_every_operation_is_documented_with_an_example(env):
     # and the document served is the one checked
     served = (await env.client.get("/openapi.json")).json()
     assert served["components"]["schemas"]["QueryIn"] == spec["components"]["schemas"]["QueryIn"]
-    assert served["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"] == spec["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"]
+    assert (
+        served["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"]
+        == spec["paths"]["/v1/views/{name}/verify"]["post"]["requestBody"]
+    )

@@ -109,7 +109,9 @@ async def test_failed_attempts_are_throttled_per_address(env):
         assert (await attacker.get("/v1/sources", headers=bearer("pvm_x"))).status_code == 429
         # a valid token from the same address still works; another address is not throttled
         assert (await attacker.get("/v1/sources", headers=env.auth("analyst"))).status_code == 200
-        assert (await attacker.post("/v1/updates", json={"source": "a", "updates": []}, headers=good)).status_code == 200
+        assert (
+            await attacker.post("/v1/updates", json={"source": "a", "updates": []}, headers=good)
+        ).status_code == 200
         assert (await other.get("/v1/sources", headers=bad)).status_code == 401
         await asyncio.sleep(0.15)  # 10 failures a second drain
         assert (await attacker.get("/v1/sources", headers=bad)).status_code == 401

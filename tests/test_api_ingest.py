@@ -65,18 +65,27 @@ def test_a_large_batch_does_not_stop_the_event_loop(tmp_path):
     """A manager in its own process answers /v1/health within 100 ms or so while it parses,
     stores and releases a 50 MB batch (it answered after 5.5 s when the batch was parsed on
     the event loop)."""
-    rows = [[{"relation": "R", "sign": 1, "row": {"k": i * 1000 + j, "v": "x" * 24}} for j in range(1000)] for i in range(600)]
+    rows = [
+        [{"relation": "R", "sign": 1, "row": {"k": i * 1000 + j, "v": "x" * 24}} for j in range(1000)]
+        for i in range(600)
+    ]
     body = json.dumps({"source": "a", "updates": [{"seq": i + 1, "changes": c} for i, c in enumerate(rows)]}).encode()
     del rows
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(tmp_path)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SERVER, str(tmp_path)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         url, token = server.stdout.readline().split()
         rss_before = peak_rss_mb(server.pid)
         answer: list[httpx.Response] = []
         headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
-        post = threading.Thread(target=lambda: answer.append(httpx.post(f"{url}/v1/updates", content=body, headers=headers, timeout=300)))
+        post = threading.Thread(
+            target=lambda: answer.append(httpx.post(f"{url}/v1/updates", content=body, headers=headers, timeout=300))
+        )
         latencies = []
         with httpx.Client(base_url=url, timeout=60) as poll:
             post.start()
@@ -134,11 +143,23 @@ async def test_malformed_and_out_of_range_bodies_are_4xx(env):
         (b"", 400, "malformed JSON"),
         (b'{"source": "a", "updates": [}', 400, "malformed JSON"),
         (b'{"source": "a", "updates": []} trailing', 400, "malformed JSON"),
-        (b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": NaN}}]}]}', 400, "malformed JSON"),
+        (
+            b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": NaN}}]}]}',
+            400,
+            "malformed JSON",
+        ),
         (b'"a string"', 422, "invalid request"),
         (b'{"source": "a", "updates": [{"seq": 9223372036854775808, "changes": []}]}', 422, "64 bits"),
-        (b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1000000000000000000000000000000}}]}]}', 422, "64 bits"),
-        (b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1e999}}]}]}', 422, "out of range"),
+        (
+            b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1000000000000000000000000000000}}]}]}',
+            422,
+            "64 bits",
+        ),
+        (
+            b'{"source": "a", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": 1e999}}]}]}',
+            422,
+            "out of range",
+        ),
     ):
         r = await c.post("/v1/updates", content=body, headers=wrapper)
         assert r.status_code == status, (body, r.text)
@@ -151,8 +172,13 @@ async def test_malformed_and_out_of_range_bodies_are_4xx(env):
 # -- seqs resent with other content, seqs far ahead ----------------------------------------------
 async def test_a_seq_resent_with_other_content_is_refused(env):
     c, wrapper = env.client, env.auth("wrapper_a")
-    assert (await c.post("/v1/updates", json=batch(update(1, {"k": 1, "v": "x"})), headers=wrapper)).json()["through"] == 1
-    assert (await c.post("/v1/updates", json=batch(update(3, {"k": 3, "v": "z"})), headers=wrapper)).json() == {"through": 1, "held": [3]}
+    assert (await c.post("/v1/updates", json=batch(update(1, {"k": 1, "v": "x"})), headers=wrapper)).json()[
+        "through"
+    ] == 1
+    assert (await c.post("/v1/updates", json=batch(update(3, {"k": 3, "v": "z"})), headers=wrapper)).json() == {
+        "through": 1,
+        "held": [3],
+    }
     # the same content again, keys in another order: acknowledged as before
     same = {"seq": 1, "changes": [{"row": {"v": "x", "k": 1}, "sign": 1, "relation": "R"}]}
     assert (await c.post("/v1/updates", json=batch(same), headers=wrapper)).json() == {"through": 1, "held": [3]}
@@ -168,7 +194,10 @@ async def test_a_seq_resent_with_other_content_is_refused(env):
     assert [e.seq for e in await env.manager.db("log_entries", "a", 0)] == [1, 3]
     logged = {e.seq: e.changes for e in await env.manager.db("log_entries", "a", 0)}
     assert logged[1][0]["row"] == {"k": 1, "v": "x"} and logged[3][0]["row"] == {"k": 3, "v": "z"}
-    assert (await c.post("/v1/updates", json=batch(update(2, {"k": 2, "v": "y"})), headers=wrapper)).json() == {"through": 3, "held": []}
+    assert (await c.post("/v1/updates", json=batch(update(2, {"k": 2, "v": "y"})), headers=wrapper)).json() == {
+        "through": 3,
+        "held": [],
+    }
 
 
 async def test_updates_logged_before_digests_are_compared_by_their_content(tmp_path):
@@ -180,10 +209,16 @@ async def test_updates_logged_before_digests_are_compared_by_their_content(tmp_p
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("INSERT INTO sources (name, wrapper_url, capture, created_at) VALUES ('a', 'sim://a', 'trigger', 0)")
-        conn.exec_driver_sql("INSERT INTO relations VALUES ('a', 'R', '[\"k\", \"v\"]', '[\"INTEGER\", \"TEXT\"]', '[\"k\"]')")
+        conn.exec_driver_sql(
+            "INSERT INTO sources (name, wrapper_url, capture, created_at) VALUES ('a', 'sim://a', 'trigger', 0)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO relations VALUES ('a', 'R', '[\"k\", \"v\"]', '[\"INTEGER\", \"TEXT\"]', '[\"k\"]')"
+        )
         changes = json.dumps([{"relation": "R", "sign": 1, "row": {"k": 1, "v": "x"}}])
-        conn.exec_driver_sql(f"INSERT INTO update_log (source, seq, changes, received_at) VALUES ('a', 1, '{changes}', 0)")
+        conn.exec_driver_sql(
+            f"INSERT INTO update_log (source, seq, changes, received_at) VALUES ('a', 1, '{changes}', 0)"
+        )
     engine.dispose()
     from warehouse.catalog.db import Catalog, NewUpdate, SeqConflict, content_digest
 
@@ -203,22 +238,30 @@ async def test_updates_logged_before_digests_are_compared_by_their_content(tmp_p
 async def test_a_seq_too_far_ahead_is_refused_and_held_ones_are_shown(env):
     c, wrapper, admin = env.client, env.auth("wrapper_a"), env.auth("admin")
     env.manager.receiver.window = 10
-    assert (await c.post("/v1/updates", json=batch(update(1, {"k": 1, "v": "x"})), headers=wrapper)).json()["through"] == 1
+    assert (await c.post("/v1/updates", json=batch(update(1, {"k": 1, "v": "x"})), headers=wrapper)).json()[
+        "through"
+    ] == 1
     r = await c.post("/v1/updates", json=batch(update(12, {"k": 12, "v": "x"})), headers=wrapper)
     assert r.status_code == 422
-    assert all(w in r.json()["detail"] for w in ("seq 12", "too far ahead", "through seq 1", "up to 11", "waiting for seq 2"))
+    assert all(
+        w in r.json()["detail"] for w in ("seq 12", "too far ahead", "through seq 1", "up to 11", "waiting for seq 2")
+    )
     shown = (await c.get("/v1/sources/a", headers=admin)).json()
     assert (shown["last_seq"], shown["held"], shown["waiting_for_seq"], shown["held_through"]) == (1, 0, None, None)
 
-    assert (await c.post("/v1/updates", json=batch(update(5, {"k": 5, "v": "x"}), update(11, {"k": 11, "v": "x"})), headers=wrapper)).json() == {
-        "through": 1, "held": [5, 11]
-    }
+    assert (
+        await c.post(
+            "/v1/updates", json=batch(update(5, {"k": 5, "v": "x"}), update(11, {"k": 11, "v": "x"})), headers=wrapper
+        )
+    ).json() == {"through": 1, "held": [5, 11]}
     shown = (await c.get("/v1/sources/a", headers=admin)).json()
     assert (shown["last_seq"], shown["held"], shown["waiting_for_seq"], shown["held_through"]) == (1, 2, 2, 11)
     listed = {s["name"]: s for s in (await c.get("/v1/sources", headers=admin)).json()}
     assert listed["a"]["waiting_for_seq"] == 2 and listed["b"]["held"] == 0
     metrics = (await c.get("/metrics")).text
-    assert 'pvm_source_updates_held{source="a"} 2.0' in metrics and 'pvm_source_waiting_for_seq{source="a"} 2.0' in metrics
+    assert (
+        'pvm_source_updates_held{source="a"} 2.0' in metrics and 'pvm_source_waiting_for_seq{source="a"} 2.0' in metrics
+    )
     assert 'pvm_source_updates_held{source="b"} 0.0' in metrics
 
     fill = [update(s, {"k": s, "v": "x"}) for s in (2, 3, 4, 6, 7, 8, 9, 10)]
@@ -234,11 +277,17 @@ async def test_held_updates_wait_in_the_log_and_are_released_in_order(env):
     await env.manager.wait_idle("v")
     ahead = [update(seq, {"k": seq, "v": f"r{seq}"}) for seq in range(2, 2502)]  # more than one read-back
     for start in range(0, len(ahead), 1000):
-        assert (await c.post("/v1/updates", json=batch(*ahead[start : start + 1000]), headers=wrapper)).json()["through"] == 0
+        assert (await c.post("/v1/updates", json=batch(*ahead[start : start + 1000]), headers=wrapper)).json()[
+            "through"
+        ] == 0
     cursor = env.manager.receiver._cursors["a"]
     assert len(cursor.held) == 2500 and all(isinstance(log_id, int) for log_id in cursor.held.values())  # ids, not rows
     # a later update deletes a row an earlier one inserted: only seq order gets this right
-    ack = await c.post("/v1/updates", json=batch(update(1, {"k": 1, "v": "r1"}), update(2502, {"k": 2, "v": "r2"}, sign=-1)), headers=wrapper)
+    ack = await c.post(
+        "/v1/updates",
+        json=batch(update(1, {"k": 1, "v": "r1"}), update(2502, {"k": 2, "v": "r2"}, sign=-1)),
+        headers=wrapper,
+    )
     assert ack.json() == {"through": 2502, "held": []}
     await env.manager.wait_idle("v")
     rows = (await c.get("/v1/views/v/rows", params={"limit": 10_000}, headers=admin)).json()["rows"]
@@ -251,7 +300,12 @@ def test_source_show_names_the_missing_seq(tmp_path, capsys, monkeypatch):
 
     with LiveManager(tmp_path) as live:
         admin = live.auth("admin")
-        assert httpx.post(f"{live.url}/v1/sources", json={"name": "s", "wrapper_url": "http://s.invalid"}, headers=admin).status_code == 201
+        assert (
+            httpx.post(
+                f"{live.url}/v1/sources", json={"name": "s", "wrapper_url": "http://s.invalid"}, headers=admin
+            ).status_code
+            == 201
+        )
         held = {"source": "s", "updates": [update(4, {"k": 4, "v": "x"}, relation="T")]}
         assert httpx.post(f"{live.url}/v1/updates", json=held, headers=admin).json() == {"through": 0, "held": [4]}
         monkeypatch.setenv("PVM_TOKEN", live.tokens["admin"])

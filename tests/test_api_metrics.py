@@ -24,7 +24,9 @@ async def test_metrics_follow_maintenance(tmp_path):
         c = env.client
         env.sources["a"].load("R", [(1, "x")])
         env.sources["b"].load("S", [(1, 10)])
-        assert (await c.post("/v1/views", json={"sql": VIEW, "name": "v", "parallelism": 3}, headers=env.auth("admin"))).status_code == 201
+        assert (
+            await c.post("/v1/views", json={"sql": VIEW, "name": "v", "parallelism": 3}, headers=env.auth("admin"))
+        ).status_code == 201
         await env.manager.wait_idle("v")
         view = (("view", "v"),)
         first = samples((await c.get("/metrics")).text)
@@ -78,7 +80,12 @@ async def test_metrics_follow_maintenance(tmp_path):
         assert after[("pvm_view_compensations_total", view)] > got[("pvm_view_compensations_total", view)]
         assert after[("pvm_view_compensations_total", view)] == env.manager.view("v").maintainer.counters.compensations
         rows = (await c.get("/v1/views/v/rows", headers=env.auth("analyst"))).json()["rows"]
-        assert sorted(map(tuple, rows)) == [(1, "late", 10), (1, "late", 11), (1, "x", 10), (1, "x", 11)]  # compensated: no double count
+        assert sorted(map(tuple, rows)) == [
+            (1, "late", 10),
+            (1, "late", 11),
+            (1, "x", 10),
+            (1, "x", 11),
+        ]  # compensated: no double count
 
 
 async def test_a_status_request_or_scrape_computes_the_lag_once(tmp_path, monkeypatch):

@@ -30,7 +30,9 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         assert (await c.post("/v1/views", json={"sql": VIEW, "name": "v"}, headers=admin)).status_code == 201
         await env.manager.wait_idle("v")
         base = env.manager.receiver.released_through("a")
-        assert (await c.post("/v1/updates", json=update(base + 1, "R", {"k": 2, "v": "y"}), headers=wrapper)).json()["through"] == base + 1
+        assert (await c.post("/v1/updates", json=update(base + 1, "R", {"k": 2, "v": "y"}), headers=wrapper)).json()[
+            "through"
+        ] == base + 1
         await env.manager.wait_idle("v")
         before = (await c.get("/v1/views/v/rows", headers=admin)).json()
         assert before["rows"] == [[1, "x", 10], [2, "y", 20]]
@@ -38,16 +40,36 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
 
         json_headers = {**admin, "content-type": "application/json"}
         refused(await c.post("/v1/views", content=b"{not json", headers=json_headers), 400, "malformed JSON")
-        refused(await c.post("/v1/updates", content=b'{"source": "a", "updates": [', headers={**wrapper, "content-type": "application/json"}), 400, "malformed JSON")
+        refused(
+            await c.post(
+                "/v1/updates",
+                content=b'{"source": "a", "updates": [',
+                headers={**wrapper, "content-type": "application/json"},
+            ),
+            400,
+            "malformed JSON",
+        )
         r = await c.post("/v1/views", json={"sql": VIEW, "parallelism": "many"}, headers=admin)
         refused(r, 422, "parallelism")
         assert r.json()["errors"][0]["loc"] == ["body", "parallelism"]
         refused(await c.post("/v1/views", json={"sql": VIEW, "colour": "red"}, headers=admin), 422, "colour")
         refused(await c.post("/v1/updates", json=update("first", "R", {"k": 3, "v": "z"}), headers=wrapper), 422, "seq")
-        refused(await c.post("/v1/updates", json=update(base + 2, "R", {"k": 3, "v": "z"}, sign=2), headers=wrapper), 422, "sign")
-        refused(await c.post("/v1/updates", json=update(base + 2, "Nope", {"k": 3}), headers=wrapper), 422, "unknown relation 'Nope'")
+        refused(
+            await c.post("/v1/updates", json=update(base + 2, "R", {"k": 3, "v": "z"}, sign=2), headers=wrapper),
+            422,
+            "sign",
+        )
+        refused(
+            await c.post("/v1/updates", json=update(base + 2, "Nope", {"k": 3}), headers=wrapper),
+            422,
+            "unknown relation 'Nope'",
+        )
         refused(await c.post("/v1/updates", json=update(base + 2, "R", {"k": 3, "zz": 1}), headers=wrapper), 422, "zz")
-        refused(await c.post("/v1/updates", json=update(1, "T", {"k": 3}, source="nowhere"), headers=admin), 422, "unknown source 'nowhere'")
+        refused(
+            await c.post("/v1/updates", json=update(1, "T", {"k": 3}, source="nowhere"), headers=admin),
+            422,
+            "unknown source 'nowhere'",
+        )
         refused(await c.get("/v1/views/nope", headers=admin), 404, "unknown view 'nope'")
         refused(await c.get("/v1/views/nope/rows", headers=admin), 404, "nope")
         refused(await c.delete("/v1/views/nope", headers=admin), 404, "nope")
@@ -58,13 +80,24 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         refused(await c.get("/v1/views/v/rows", params={"as_of": 1, "latest": "true"}, headers=admin), 422, "either")
         refused(await c.get("/v1/views/v/rows", params={"limit": 0}, headers=admin), 422, "limit")
         refused(await c.post("/v1/views", json={"sql": "SELECT COUNT(*) FROM a.R", "name": "agg"}, headers=admin), 422)
-        refused(await c.post("/v1/views", json={"sql": "SELECT R.k FROM a.R LEFT JOIN b.S ON R.k = S.k", "name": "oj"}, headers=admin), 422)
+        refused(
+            await c.post(
+                "/v1/views", json={"sql": "SELECT R.k FROM a.R LEFT JOIN b.S ON R.k = S.k", "name": "oj"}, headers=admin
+            ),
+            422,
+        )
         refused(await c.post("/v1/views", json={"sql": "DROP TABLE a.R"}, headers=admin), 422)
         refused(await c.post("/v1/views", json={"sql": "SELECT X.k FROM nowhere.X"}, headers=admin), 422)
         refused(await c.post("/v1/views", json={"sql": VIEW, "name": "v"}, headers=admin), 409, "already exists")
-        refused(await c.post("/v1/sources", json={"name": "a", "wrapper_url": "http://127.0.0.1:9"}, headers=admin), 409, "already registered")
+        refused(
+            await c.post("/v1/sources", json={"name": "a", "wrapper_url": "http://127.0.0.1:9"}, headers=admin),
+            409,
+            "already registered",
+        )
         refused(await c.post("/v1/sources", json={"name": "x y", "wrapper_url": "ftp://somewhere"}, headers=admin), 422)
-        r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "log"}, headers=admin)
+        r = await c.post(
+            "/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "log"}, headers=admin
+        )
         refused(r, 422, "capture", "'trigger'", "'timestamp'", "'application'", "'snapshot'")
         assert "c" not in env.manager.clients and "c" not in await env.manager.db("sources")
         # oversized: declared by Content-Length, or streamed without one
@@ -78,11 +111,20 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
             for i in range(0, len(body), 1000):
                 yield body[i : i + 1000]
 
-        refused(await c.post("/v1/updates", content=chunks(), headers={**wrapper, "content-type": "application/json"}), 413, "8192")
+        refused(
+            await c.post("/v1/updates", content=chunks(), headers={**wrapper, "content-type": "application/json"}),
+            413,
+            "8192",
+        )
         refused(await c.post("/v1/updates", json=big, headers=wrapper), 413, "8192")
         # wrong role
         refused(await c.post("/v1/views", json={"sql": VIEW, "name": "w"}, headers=env.auth("analyst")), 403, "admin")
-        refused(await c.post("/v1/updates", json=update(base + 2, "R", {"k": 3, "v": "z"}), headers=env.auth("wrapper_b")), 403, "'a'", "'b'")
+        refused(
+            await c.post("/v1/updates", json=update(base + 2, "R", {"k": 3, "v": "z"}), headers=env.auth("wrapper_b")),
+            403,
+            "'a'",
+            "'b'",
+        )
 
         # nothing accepted before is lost, nothing refused got in, and maintenance goes on
         assert await env.manager.db("log_entries", "a", 0) == log_before
@@ -104,7 +146,14 @@ async def test_a_wrapper_address_that_is_not_http_is_refused_with_a_hint(tmp_pat
     async with api_env(tmp_path) as env:
         c, admin = env.client, env.auth("admin")
         r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "127.0.0.1:8101"}, headers=admin)
-        detail = refused(r, 422, "wrapper_url", "the wrapper's HTTP address", "did you mean 'http://127.0.0.1:8101'", "pvm wrapper run --url")
+        detail = refused(
+            r,
+            422,
+            "wrapper_url",
+            "the wrapper's HTTP address",
+            "did you mean 'http://127.0.0.1:8101'",
+            "pvm wrapper run --url",
+        )
         assert "pattern" not in detail and r.json()["errors"][0]["loc"] == ["body", "wrapper_url"]
         r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "sqlite:///shop.db"}, headers=admin)
         refused(r, 422, "wrapper_url", "not 'sqlite:///shop.db'", "the source database's URL goes to the wrapper")
@@ -117,7 +166,9 @@ async def test_invalid_content_length_is_refused(tmp_path, length):
     async with api_env(tmp_path) as env:
         import httpx
 
-        request = env.client.build_request("POST", "/v1/views", content=b"{}", headers={**env.auth("admin"), "content-type": "application/json"})
+        request = env.client.build_request(
+            "POST", "/v1/views", content=b"{}", headers={**env.auth("admin"), "content-type": "application/json"}
+        )
         request.headers["content-length"] = length
         response = await env.client.send(request)
         assert response.status_code == 400 and "Content-Length" in response.json()["detail"]

@@ -23,7 +23,11 @@ EXAMPLES = 30
 def test_no_operation_answers_5xx(tmp_path):
     with LiveManager(tmp_path) as live:
         for name in ("a", "b"):
-            r = httpx.post(f"{live.url}/v1/sources", json={"name": name, "wrapper_url": f"http://{name}.invalid"}, headers=live.auth("admin"))
+            r = httpx.post(
+                f"{live.url}/v1/sources",
+                json={"name": name, "wrapper_url": f"http://{name}.invalid"},
+                headers=live.auth("admin"),
+            )
             assert r.status_code == 201, r.text
         live.sources["a"].load("R", [(1, "x")])
         r = httpx.post(f"{live.url}/v1/views", json={"sql": VIEW, "name": "v"}, headers=live.auth("admin"))

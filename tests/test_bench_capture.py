@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pvm.cli import main as pvm_main
+
 WRITE_COST_KEYS = {
     "seconds_without_capture",
     "seconds_with_capture",

@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fake_manager import FakeManager
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.replica import Replica, RowChange
 from wrappers.schema import SourceSchema, TableSchema
-from tests.fake_manager import FakeManager
 
 SOURCE = "app"
 APP_TOKEN = "app-secret"
@@ -37,7 +37,9 @@ def start(db: Path, manager: FakeManager, tmp_path: Path) -> WrapperProcess:
 
 
 def post(url: str, *changes: dict, token: str = APP_TOKEN) -> httpx.Response:
-    return httpx.post(f"{url}/v1/changes", json={"changes": list(changes)}, headers={"Authorization": f"Bearer {token}"})
+    return httpx.post(
+        f"{url}/v1/changes", json={"changes": list(changes)}, headers={"Authorization": f"Bearer {token}"}
+    )
 
 
 def balances(url: str) -> tuple[int, set[tuple]]:
@@ -73,11 +75,16 @@ def test_posted_transactions_ship_with_old_values_and_answers_follow_the_waterma
                 "change 0: 'accounts' already has a row with key (1,)"
             )
             assert post(wrapper.url, {"relation": "accounts", "op": "insert", "row": {"iban": 1}}).status_code == 400
-            assert post(wrapper.url, {"relation": "accounts", "op": "delete", "key": {"id": 1}}, token="wrong").status_code == 401
+            assert (
+                post(wrapper.url, {"relation": "accounts", "op": "delete", "key": {"id": 1}}, token="wrong").status_code
+                == 401
+            )
             assert balances(wrapper.url) == (1, {(1, "ann", 5), (2, "bob", 25)})  # refused transactions left no trace
             manager.down = True
             rename = {"relation": "accounts", "op": "update", "key": {"id": 2}, "row": {"id": 20}}  # a key change
-            assert post(wrapper.url, rename, {"relation": "accounts", "op": "delete", "key": {"id": 1}}).status_code == 200
+            assert (
+                post(wrapper.url, rename, {"relation": "accounts", "op": "delete", "key": {"id": 1}}).status_code == 200
+            )
         manager.down = False
         with start(db, manager, tmp_path) as wrapper:  # durable: shipped after the restart
             manager.wait_through(SOURCE, 2)
@@ -94,7 +101,9 @@ def test_replica_applies_all_or_nothing_and_refuses_what_does_not_fit(tmp_path: 
     with pytest.raises(WrapperError, match="already loaded"):
         replica.load({})
     replica.apply([RowChange("t", "insert", row={"a": 2, "b": "y"})], {"cursor": "7"})
-    with pytest.raises(InvalidRequest, match=r"change 1: a key of 't' names exactly its primary key columns \['a', 'b'\]"):
+    with pytest.raises(
+        InvalidRequest, match=r"change 1: a key of 't' names exactly its primary key columns \['a', 'b'\]"
+    ):
         replica.apply([RowChange("t", "delete", key={"a": 2, "b": "y"}), RowChange("t", "delete", key={"a": 1})])
     with pytest.raises(InvalidRequest, match="lacks key column"):
         replica.apply([RowChange("t", "insert", row={"a": 3})])

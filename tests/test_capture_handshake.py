@@ -18,21 +18,19 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from warehouse.expr import Cmp, Col, Like, to_wire
-from warehouse.zset import ZSet
-from wrappers.process import WrapperProcess, start_wrapper
-from tests.capture_support import (  # noqa: F401 (fixtures)
+from tests.capture_support import (
     R_DDL,
     contents,
     expected_answer,
     fetch,
-    maria_url,
-    pg_url,
     random_transaction,
     replay,
     run_sql,
 )
 from tests.fake_manager import FakeManager
+from warehouse.expr import Cmp, Col, Like, to_wire
+from warehouse.zset import ZSet
+from wrappers.process import WrapperProcess, start_wrapper
 
 pytestmark = pytest.mark.servers
 
@@ -67,7 +65,9 @@ def subquery(keys: list[list], where: object | None, select: list[str]) -> dict:
 
 def flush(wrapper_url: str) -> int:
     """A subquery without keys: ships everything committed so far; its watermark."""
-    response = httpx.post(f"{wrapper_url}/v1/subquery", json={"relation": "r", "alias": "r", "keys": [], "select": []}, timeout=60)
+    response = httpx.post(
+        f"{wrapper_url}/v1/subquery", json={"relation": "r", "alias": "r", "keys": [], "select": []}, timeout=60
+    )
     response.raise_for_status()
     return response.json()["watermark"]
 
@@ -123,7 +123,11 @@ def test_handshake_under_concurrent_writers(url: str, tmp_path: Path) -> None:
     initial = ZSet.from_rows(INITIAL)
     assert replay(initial, updates) == contents(url)  # rolled-back work never shipped
     watermarks = {a["watermark"] for _, _, a in answers}
-    assert sum(committed) > 50 and len(answers) > 30 and len(watermarks) > 5, (sum(committed), len(answers), len(watermarks))
+    assert sum(committed) > 50 and len(answers) > 30 and len(watermarks) > 5, (
+        sum(committed),
+        len(answers),
+        len(watermarks),
+    )
     states = {0: initial}
     for w in range(1, last + 1):
         states[w] = replay(states[w - 1], [updates[w - 1]])

@@ -7,10 +7,10 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from tests.capture_support import MARIADB_ADMIN, fetch, run_sql
 from wrappers.capture import dialect_for
 from wrappers.capture import mariadb as capture
 from wrappers.errors import WrapperError
-from tests.capture_support import MARIADB_ADMIN, fetch, maria_url, run_sql  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.servers
 
@@ -97,7 +97,11 @@ def test_missing_privileges_are_named(maria_url: str) -> None:
     user = f"pvm_t_{uuid.uuid4().hex[:10]}"
     database = sa.make_url(maria_url).database
     run_sql(maria_url, "CREATE TABLE r (id INT PRIMARY KEY)")
-    run_sql(MARIADB_ADMIN, f"CREATE USER '{user}'@'%'", f"GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.* TO '{user}'@'%'")
+    run_sql(
+        MARIADB_ADMIN,
+        f"CREATE USER '{user}'@'%'",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.* TO '{user}'@'%'",
+    )
     try:
         engine = capture.open_engine(f"mysql+pymysql://{user}@127.0.0.1:3306/{database}")
         with pytest.raises(WrapperError, match=r"denied .*needs CREATE and TRIGGER"):

@@ -7,10 +7,10 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from tests.capture_support import PG_ADMIN, fetch, pg_schema_url, run_sql
 from wrappers.capture import dialect_for
 from wrappers.capture import postgresql as capture
 from wrappers.errors import WrapperError
-from tests.capture_support import PG_ADMIN, fetch, pg_schema_url, pg_url, run_sql  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.servers
 
@@ -87,12 +87,17 @@ def test_clear_errors(pg_url: str) -> None:
     engine = capture.open_engine(pg_url)
     with pytest.raises(WrapperError, match=r"no such table .*: nope"):
         capture.install(engine, ["ok", "nope"])
-    with pytest.raises(WrapperError, match=r"'r' has column\(s\) the wrapper cannot ship: at \(TIMESTAMP\), tags \(ARRAY\)"):
+    with pytest.raises(
+        WrapperError, match=r"'r' has column\(s\) the wrapper cannot ship: at \(TIMESTAMP\), tags \(ARRAY\)"
+    ):
         capture.install(engine, ["r"])
     with pytest.raises(WrapperError, match="own tables"):
         capture.install(engine, ["_pvm_outbox"])
     engine.dispose()
-    assert fetch(pg_url, "SELECT count(*) FROM pg_class WHERE relname = '_pvm_outbox' AND relnamespace = current_schema()::regnamespace") == [(0,)]
+    assert fetch(
+        pg_url,
+        "SELECT count(*) FROM pg_class WHERE relname = '_pvm_outbox' AND relnamespace = current_schema()::regnamespace",
+    ) == [(0,)]
 
 
 def test_missing_privileges_are_named(pg_url: str) -> None:

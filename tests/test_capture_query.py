@@ -7,12 +7,12 @@ import pytest
 import sqlalchemy as sa
 
 from api.schemas import Subquery
+from tests.capture_support import run_sql
 from warehouse.expr import Between, Cmp, Col, Expr, Like, Lit, Not, compile_filter, to_wire
 from wrappers import query
 from wrappers.capture import dialect_for
 from wrappers.errors import InvalidRequest
 from wrappers.schema import SourceSchema
-from tests.capture_support import maria_url, pg_url, run_sql  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.servers
 
@@ -28,7 +28,9 @@ def source(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY, k INT, v VARCHAR(10), n NUMERIC(8, 2), d DATE)")
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO r (id, k, v) VALUES (:id, :k, :v)"), [{"id": i, "k": k, "v": v} for i, k, v in ROWS])
+        conn.execute(
+            sa.text("INSERT INTO r (id, k, v) VALUES (:id, :k, :v)"), [{"id": i, "k": k, "v": v} for i, k, v in ROWS]
+        )
     engine.dispose()
     dialect = dialect_for(url)
     engine = dialect.open_engine(url)
@@ -37,7 +39,9 @@ def source(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 
 def answer(dialect, engine: sa.Engine, keys: list[list], on: Expr, where: Expr | None, select: list[str]) -> dict:
-    subquery = Subquery(relation="r", alias="r", keys=keys, on=to_wire(on), where=to_wire(where) if where else None, select=select)
+    subquery = Subquery(
+        relation="r", alias="r", keys=keys, on=to_wire(on), where=to_wire(where) if where else None, select=select
+    )
     prepared = query.prepare(subquery, SourceSchema.reflect(engine, ["r"]), engine.dialect.name)
     conn = dialect.begin_snapshot(engine)
     try:
@@ -96,7 +100,9 @@ def test_captured_and_answered_values_are_the_same(source) -> None:  # type: ign
     conn = dialect.begin_snapshot(engine)
     captured = {row.new["id"]: row.new for row in dialect.read_outbox(conn, 0)}
     conn.close()
-    answered = answer(dialect, engine, [[1], [2]], Cmp("=", Col("$key", "k0"), Col("r", "id")), None, ["id", "k", "v", "n", "d"])
+    answered = answer(
+        dialect, engine, [[1], [2]], Cmp("=", Col("$key", "k0"), Col("r", "id")), None, ["id", "k", "v", "n", "d"]
+    )
     assert {tuple(captured[i][c] for c in ("id", "k", "v", "n", "d")) for i in (1, 2)} == {key[1:] for key in answered}
     assert {key[4:] for key in answered} == {(12.5, "2024-02-29"), (7, None)}
 

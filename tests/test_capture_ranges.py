@@ -12,13 +12,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.capture_support import maria_url, pg_url, run_sql  # noqa: F401 (fixtures)
+from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
 from wrappers.capture import dialect_for
 from wrappers.capture.ranges import RangeCapture
 from wrappers.capture.snapshots import SnapshotOptions, database_schema
-from wrappers.process import start_wrapper
 from wrappers.errors import WrapperError
+from wrappers.process import start_wrapper
 from wrappers.replica import META, Replica
 
 ROWS = 300
@@ -139,7 +139,16 @@ def test_text_keys_are_refused(tmp_path: Path) -> None:
 def test_a_wrapper_process_ships_what_the_range_checksums_find(pg_url: str, tmp_path: Path) -> None:
     run_sql(pg_url, "CREATE TABLE items (id INTEGER PRIMARY KEY, name VARCHAR(40), qty INTEGER)")
     run_sql(pg_url, "INSERT INTO items SELECT g, 'item-' || g, g % 7 FROM generate_series(1, 500) g")
-    args = ["--capture", "snapshot", "--diff-algorithm", "range-checksums", "--range-rows", "50", "--snapshot-interval", "0.1"]
+    args = [
+        "--capture",
+        "snapshot",
+        "--diff-algorithm",
+        "range-checksums",
+        "--range-rows",
+        "50",
+        "--snapshot-interval",
+        "0.1",
+    ]
     with FakeManager() as manager, start_wrapper(
         "legacy", pg_url, ["items"], manager.url, state_dir=tmp_path / "state", log_path=tmp_path / "wrapper.log",
         capture_args=args,

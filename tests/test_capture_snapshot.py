@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 from pvm.cli import main as pvm_main
+from tests.fake_manager import FakeManager
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.snapshots import SnapshotOptions
 from wrappers.differential import Schema, write_csv, write_parquet
 from wrappers.errors import WrapperError
 from wrappers.process import start_wrapper
-from tests.fake_manager import FakeManager
 
 ALGORITHMS = ["window", "partitioned-hash", "sort-merge", "auto"]
 
@@ -64,15 +64,23 @@ def test_random_changes_of_a_database_reach_the_replica_exactly(tmp_path: Path, 
                 for _ in range(40):
                     key, action = rng.randrange(400), rng.random()
                     if action < 0.4:
-                        conn.execute("INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?)", (key, f"x{key}", rng.randrange(9), None))
+                        conn.execute(
+                            "INSERT OR IGNORE INTO t VALUES (?, ?, ?, ?)", (key, f"x{key}", rng.randrange(9), None)
+                        )
                     elif action < 0.8:
                         conn.execute("UPDATE t SET qty = ?, name = name || '!' WHERE id = ?", (rng.randrange(9), key))
                     else:
                         conn.execute("DELETE FROM t WHERE id = ?", (key,))
                 conn.execute("DELETE FROM t WHERE id IN (SELECT id FROM t ORDER BY random() LIMIT 30)")
-                conn.execute("INSERT INTO t SELECT id + 1000, name, qty, price FROM t WHERE id < 20 AND id + 1000 NOT IN (SELECT id FROM t)")
+                conn.execute(
+                    "INSERT INTO t SELECT id + 1000, name, qty, price FROM t WHERE id < 20 AND id + 1000 NOT IN (SELECT id FROM t)"
+                )
             status = pulled(capture)
-            assert status["last_error"] is None and status["algorithms"]["t"] in ("window", "partitioned-hash", "sort-merge")
+            assert status["last_error"] is None and status["algorithms"]["t"] in (
+                "window",
+                "partitioned-hash",
+                "sort-merge",
+            )
             assert replica_rows(capture) == live(db)
         changes = status["last_changes"]["t"]
         assert changes["delete"] > 0 and changes["insert"] > 0 and changes["update"] > 0
@@ -122,7 +130,11 @@ def test_auto_switches_to_the_hash_while_records_move_beyond_the_aging_buffer(tm
             conn.execute("DELETE FROM t")
             conn.execute("INSERT INTO t SELECT id, CASE WHEN id = 7 THEN -7 ELSE v END FROM u ORDER BY id DESC")
         status = pulled(capture)  # still the window (the last measure said nothing moves), exact after its second pass
-        assert status["algorithms"] == {"t": "window"} and status["last_changes"]["t"] == {"insert": 0, "delete": 0, "update": 1}
+        assert status["algorithms"] == {"t": "window"} and status["last_changes"]["t"] == {
+            "insert": 0,
+            "delete": 0,
+            "update": 1,
+        }
         assert pulled(capture)["algorithms"] == {"t": "partitioned-hash"}  # records moved ~2000 > 100
         assert pulled(capture)["algorithms"] == {"t": "window"}  # and stopped moving
         assert replica_rows(capture) == live(db) and len(live(db)) == 2000
@@ -225,9 +237,9 @@ def test_far_apart_duplicate_keys_are_refused_by_every_algorithm(tmp_path: Path,
     try:
         shipped = outbox_count(capture)
         cases = {
-            "an unchanged key again at the end": (5, first + [(5, "again", 0)]),
-            "a changed key again at the end": (7, [(7, "seven", 1)] + first[1:7] + first[8:] + [(7, "n7", 2)]),
-            "a new key twice": (1000, [(1000, "x", 1)] + first + [(1000, "y", 2)]),
+            "an unchanged key again at the end": (5, [*first, (5, "again", 0)]),
+            "a changed key again at the end": (7, [(7, "seven", 1), *first[1:7], *first[8:], (7, "n7", 2)]),
+            "a new key twice": (1000, [(1000, "x", 1), *first, (1000, "y", 2)]),
         }
         for what, (key, records) in cases.items():
             dump(dumps, records)
@@ -235,7 +247,7 @@ def test_far_apart_duplicate_keys_are_refused_by_every_algorithm(tmp_path: Path,
             assert status["last_error"] and f"duplicate key ({key},)" in status["last_error"], (what, status)
             assert "not applied" in status["last_error"], what
             assert replica_rows(capture) == set(first) and outbox_count(capture) == shipped, what
-        good = first[:100] + [(100, "changed", 1)] + first[101:]
+        good = [*first[:100], (100, "changed", 1), *first[101:]]
         dump(dumps, good)  # differenced against the last good snapshot
         status = pulled(capture)
         assert status["last_error"] is None and status["last_changes"]["t"] == {"insert": 0, "delete": 0, "update": 1}
@@ -261,7 +273,9 @@ def test_a_restart_differences_against_the_kept_snapshot_and_removes_leftovers(t
     capture = dump_capture(tmp_path, dumps, dump_types={})
     try:
         assert sorted(p.name for p in kept_dir.iterdir()) == kept
-        assert replica_rows(capture) == {(1, "a", 1), (2, "B", 2)} and outbox_count(capture) == shipped  # not loaded again
+        assert (
+            replica_rows(capture) == {(1, "a", 1), (2, "B", 2)} and outbox_count(capture) == shipped
+        )  # not loaded again
         dump(dumps, [(2, "B", 2), (5, "e", 5)], "parquet")
         status = pulled(capture)
         assert status["last_changes"]["t"] == {"insert": 1, "delete": 1, "update": 0}
@@ -302,7 +316,11 @@ def test_a_wrapper_process_ships_the_changes_of_dropped_dumps(tmp_path: Path) ->
         capture_args=args,
     ) as wrapper:  # fmt: skip
         schema = httpx.get(f"{wrapper.url}/v1/schema").json()["tables"]["t"]
-        assert [(c["name"], c["type"]) for c in schema["columns"]] == [("id", "BIGINT"), ("name", "TEXT"), ("qty", "BIGINT")]
+        assert [(c["name"], c["type"]) for c in schema["columns"]] == [
+            ("id", "BIGINT"),
+            ("name", "TEXT"),
+            ("qty", "BIGINT"),
+        ]
         assert schema["primary_key"] == ["id"]
         dump(dumps, [(2, "b", 3), (3, "c", 3)])
         manager.wait_through("legacy", 1)

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from pvm.cli import main as pvm_main
-from wrappers.process import WrapperProcess, start_wrapper
-from tests.capture_support import pg_url, run_sql  # noqa: F401 (fixture)
+from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
+from wrappers.process import WrapperProcess, start_wrapper
 
 SOURCE = "legacy"
 DDL = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, modified INTEGER, gone INTEGER DEFAULT 0)"
@@ -61,13 +61,19 @@ def test_ts_ships_inserts_and_updates_with_old_values_but_cannot_see_deletes(db:
             schema = httpx.get(f"{wrapper.url}/v1/schema").json()["tables"]["items"]
             assert [c["name"] for c in schema["columns"]] == ["id", "name", "qty", "gone"]  # the stamp is not shipped
             assert rows_now(wrapper.url)[1] == {(1, "bolt", 5), (2, "nut", 7), (3, "gear", 1)}
-            execute(db, "UPDATE items SET qty = 6, modified = 2 WHERE id = 1", "INSERT INTO items VALUES (4, 'cog', 2, 2, 0)")
+            execute(
+                db,
+                "UPDATE items SET qty = 6, modified = 2 WHERE id = 1",
+                "INSERT INTO items VALUES (4, 'cog', 2, 2, 0)",
+            )
             assert wait_through(manager, 1)[0] == [
                 (-1, {"id": 1, "name": "bolt", "qty": 5, "gone": 0}),
                 (1, {"id": 1, "name": "bolt", "qty": 6, "gone": 0}),
                 (1, {"id": 4, "name": "cog", "qty": 2, "gone": 0}),
             ]
-            execute(db, "DELETE FROM items WHERE id = 2", "UPDATE items SET modified = 3 WHERE id = 4")  # nothing to ship
+            execute(
+                db, "DELETE FROM items WHERE id = 2", "UPDATE items SET modified = 3 WHERE id = 4"
+            )  # nothing to ship
             time.sleep(0.5)
             watermark, rows = rows_now(wrapper.url)
             assert watermark == 1 and (2, "nut", 7) in rows  # TS cannot see the delete: the replica keeps the row
@@ -84,7 +90,10 @@ def test_ts_ships_inserts_and_updates_with_old_values_but_cannot_see_deletes(db:
 
 
 def test_tdi_ships_flagged_rows_as_deletes(db: Path, tmp_path: Path) -> None:
-    with FakeManager() as manager, start(f"sqlite:///{db}", manager, tmp_path, "--delete-flag-column", "gone") as wrapper:
+    with (
+        FakeManager() as manager,
+        start(f"sqlite:///{db}", manager, tmp_path, "--delete-flag-column", "gone") as wrapper,
+    ):
         assert rows_now(wrapper.url)[1] == {(1, "bolt", 5), (2, "nut", 7)}  # gear was already flagged
         execute(db, "UPDATE items SET gone = 1, modified = 2 WHERE id = 2")
         assert wait_through(manager, 1) == [[(-1, {"id": 2, "name": "nut", "qty": 7})]]
@@ -116,7 +125,13 @@ def test_ts_on_postgresql_with_a_timestamp_column(pg_url: str, tmp_path: Path) -
         "INSERT INTO items (id, qty) VALUES (1, 1.5)",
     )
     with FakeManager() as manager, start(pg_url, manager, tmp_path) as wrapper:
-        run_sql(pg_url, "UPDATE items SET qty = 2.5, modified = clock_timestamp() WHERE id = 1", "INSERT INTO items (id, qty) VALUES (2, 3)")
-        assert wait_through(manager, 1) == [[(-1, {"id": 1, "qty": 1.5}), (1, {"id": 1, "qty": 2.5}), (1, {"id": 2, "qty": 3})]]
+        run_sql(
+            pg_url,
+            "UPDATE items SET qty = 2.5, modified = clock_timestamp() WHERE id = 1",
+            "INSERT INTO items (id, qty) VALUES (2, 3)",
+        )
+        assert wait_through(manager, 1) == [
+            [(-1, {"id": 1, "qty": 1.5}), (1, {"id": 1, "qty": 2.5}), (1, {"id": 2, "qty": 3})]
+        ]
         body = {"relation": "items", "alias": "i", "keys": [[]], "select": ["id", "qty"]}
         assert httpx.post(f"{wrapper.url}/v1/subquery", json=body).json()["rows"] == [[0, 1, 2.5, 1], [0, 2, 3, 1]]

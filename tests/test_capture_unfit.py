@@ -17,16 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 
 from api.schemas import Subquery, SubqueryAnswer, Update
+from tests.capture_support import run_sql
+from tests.fake_manager import FakeManager
 from wrappers import query
 from wrappers.capture import sqlite as capture
 from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.quarantine import Fitness
 from wrappers.schema import SourceSchema, TableSchema
-from tests.capture_support import maria_url, pg_url, run_sql  # noqa: F401 (fixtures)
-from tests.fake_manager import FakeManager
 
 SOURCE = "shop"
 DDL = "CREATE TABLE items (id INTEGER PRIMARY KEY, val REAL, qty INTEGER, flag BOOLEAN, name TEXT)"
@@ -119,7 +118,9 @@ def test_unfit_rows_are_left_out_of_updates_and_answers_alike(db: Path, manager:
         assert report["ok"] and report["blocked"] is None
         assert report["quarantine"]["rows"] == 4 and report["quarantine"]["by_relation"] == {"items": 4}
         last = report["quarantine"]["last"]
-        assert (last["relation"], last["column"]) == ("items", "name") and "above --max-value-bytes 40" in last["reason"]
+        assert (last["relation"], last["column"]) == ("items", "name") and "above --max-value-bytes 40" in last[
+            "reason"
+        ]
 
         # Repairing a value: the delete of the unfit row is left out too, the insert ships.
         execute(db, "UPDATE items SET val = 2.25 WHERE id = 2")
@@ -149,7 +150,11 @@ def test_an_adversarial_like_does_not_stall_the_wrapper(db: Path, manager: FakeM
     interest = {"relations": {"items": {"columns": ["id", "name"], "where": [pattern]}}}
     with start(db, manager) as wrapper:
         assert httpx.put(f"{wrapper.url}/v1/interest", json=interest, timeout=10).status_code == 200
-        execute(db, f"INSERT INTO items VALUES (2, 1, 1, 0, '{'abcde' * 410}')", "INSERT INTO items VALUES (3, 1, 1, 0, 'abcdef')")
+        execute(
+            db,
+            f"INSERT INTO items VALUES (2, 1, 1, 0, '{'abcde' * 410}')",
+            "INSERT INTO items VALUES (3, 1, 1, 0, 'abcdef')",
+        )
         started = time.monotonic()
         manager.wait_through(SOURCE, flush(wrapper.url), timeout=10)
         assert time.monotonic() - started < 5 and health(wrapper.url)["ok"]
@@ -181,7 +186,11 @@ def test_captured_rows_and_answers_apply_the_same_rule(tmp_path: Path, storage: 
         capture.install(engine, ["t"])
         rng = random.Random(7)
         rows = [(i, *(rng.choice(VALUES) for _ in columns)) for i in range(600)]
-        rows += [(600 + i * len(TYPES) + j, *(v if k == j else None for k in range(len(TYPES)))) for i, v in enumerate(VALUES) for j in range(len(TYPES))]
+        rows += [
+            (600 + i * len(TYPES) + j, *(v if k == j else None for k in range(len(TYPES))))
+            for i, v in enumerate(VALUES)
+            for j in range(len(TYPES))
+        ]
         with sqlite3.connect(path) as conn:
             conn.executemany(f"INSERT INTO t VALUES ({', '.join('?' * (len(columns) + 1))})", rows)
         schema = SourceSchema({"t": TableSchema("t", ("id", *columns), ("INTEGER", *TYPES), ("id",))})
@@ -252,12 +261,19 @@ def test_malformed_subqueries_are_refused_with_4xx(db: Path, manager: FakeManage
             nested = {"op": "not", "args": [nested]}
         bad = {**BAD_SUBQUERIES, "100 nested NOTs": ({"keys": [[1]], "where": nested}, 400, "deeper than 64 levels")}
         answers = {}
-        for name, (change, status, words) in bad.items():
+        for name, (change, _status, words) in bad.items():
             body = {"relation": "items", "alias": "i", "select": ["id"], **change}
             r = httpx.post(f"{wrapper.url}/v1/subquery", json=body, timeout=30)
             answers[name] = (r.status_code, words in r.text)
         assert answers == {name: (status, True) for name, (_, status, _) in bad.items()}
-        interest = {"relations": {"items": {"columns": ["id"], "where": [{"op": "in", "args": [{"col": ["items", "id"]}], "values": [[1]]}]}}}
+        interest = {
+            "relations": {
+                "items": {
+                    "columns": ["id"],
+                    "where": [{"op": "in", "args": [{"col": ["items", "id"]}], "values": [[1]]}],
+                }
+            }
+        }
         r = httpx.put(f"{wrapper.url}/v1/interest", json=interest, timeout=30)
         assert r.status_code == 400 and "must be a scalar" in r.json()["detail"], r.text
         assert health(wrapper.url)["ok"]
@@ -266,7 +282,9 @@ def test_malformed_subqueries_are_refused_with_4xx(db: Path, manager: FakeManage
 # -- PostgreSQL and MariaDB: sizes (their types they enforce themselves) -------------------------------
 @pytest.mark.servers
 @pytest.mark.parametrize("server", ["pg_url", "maria_url"])
-def test_oversized_text_is_left_out_on_servers_too(server: str, request: pytest.FixtureRequest, manager: FakeManager, tmp_path: Path) -> None:
+def test_oversized_text_is_left_out_on_servers_too(
+    server: str, request: pytest.FixtureRequest, manager: FakeManager, tmp_path: Path
+) -> None:
     """A text over --max-value-bytes (counted in UTF-8 bytes: 21 'é' are 42) is left out of
     the update and of answers alike; on PostgreSQL a NaN and infinities ship as floats."""
     url = request.getfixturevalue(server)

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from tests.test_oracle import check_view
 from tests.sim import Delays, start_sim_manager
+from tests.test_oracle import check_view
 
 pytestmark = pytest.mark.servers
 
@@ -44,9 +44,15 @@ async def test_view_maintained_with_catalog_on_server(catalog_url):
         sources["a"].load("R", [(1, "x"), (2, "y")])
         sources["b"].load("S", [(1, 10), (2, 20)])
         sources["c"].load("T", [(10, "p"), (20, "q")])
-        await manager.define_view("SELECT R.v, S.w, T.x FROM a.R, b.S, c.T WHERE R.k = S.k AND S.w = T.w", "v", parallelism=3)
+        await manager.define_view(
+            "SELECT R.v, S.w, T.x FROM a.R, b.S, c.T WHERE R.k = S.k AND S.w = T.w", "v", parallelism=3
+        )
         for i in range(12):
-            src, table, row = [("a", "R", (i % 3, f"r{i}")), ("b", "S", (i % 3, 10 * (i % 3))), ("c", "T", (10 * (i % 3), f"t{i}"))][i % 3]
+            src, table, row = [
+                ("a", "R", (i % 3, f"r{i}")),
+                ("b", "S", (i % 3, 10 * (i % 3))),
+                ("c", "T", (10 * (i % 3), f"t{i}")),
+            ][i % 3]
             sources[src].commit([(table, 1, row)])
             await sources[src].ship()
         for s in sources.values():

@@ -25,14 +25,19 @@ def pvm(capsys, *argv: str) -> tuple[int, str, str]:
 def test_tokens_on_the_catalog_without_a_manager(tmp_path, capsys):
     code, out, err = pvm(capsys, "token", "create", "--role", "admin", "--data-dir", str(tmp_path))
     assert code == 0 and out.startswith("pvm_1_") and "shown only now" in err
-    code, out, _ = pvm(capsys, "token", "create", "--role", "wrapper", "--source", "shop", "--data-dir", str(tmp_path), "--json")
+    code, out, _ = pvm(
+        capsys, "token", "create", "--role", "wrapper", "--source", "shop", "--data-dir", str(tmp_path), "--json"
+    )
     assert code == 0 and json.loads(out)["source"] == "shop"
     code, _, err = pvm(capsys, "token", "create", "--role", "wrapper", "--data-dir", str(tmp_path))
     assert code == 2 and "pvm: error:" in err and "--source" in err
     assert pvm(capsys, "token", "revoke", "1", "--data-dir", str(tmp_path))[0] == 0
     code, out, _ = pvm(capsys, "token", "list", "--data-dir", str(tmp_path), "--json")
     tokens = json.loads(out)
-    assert [(t["id"], t["role"], t["revoked_at"] is not None) for t in tokens] == [(1, "admin", True), (2, "wrapper", False)]
+    assert [(t["id"], t["role"], t["revoked_at"] is not None) for t in tokens] == [
+        (1, "admin", True),
+        (2, "wrapper", False),
+    ]
     code, _, err = pvm(capsys, "token", "revoke", "7", "--data-dir", str(tmp_path))
     assert code == 2 and "unknown token 7" in err
 
@@ -42,12 +47,16 @@ def test_administrator_and_analyst_session(tmp_path, capsys):
         admin = ["--manager", live.url, "--token", live.tokens["admin"]]
         analyst = ["--manager", live.url, "--token", live.tokens["analyst"]]
         for name, table in (("a", "R"), ("b", "S")):
-            code, _, err = pvm(capsys, "source", "add", name, "--wrapper-url", f"http://{name}.invalid", "--tables", table, *admin)
+            code, _, err = pvm(
+                capsys, "source", "add", name, "--wrapper-url", f"http://{name}.invalid", "--tables", table, *admin
+            )
             assert code == 0, err
         live.sources["a"].load("R", [(1, "x"), (2, "y")])
         live.sources["b"].load("S", [(1, 10), (2, 20), (2, 21)])
 
-        code, _, err = pvm(capsys, "view", "define", "--sql", VIEW, "--name", "v", "--parallelism", "2", "--wait", *admin)
+        code, _, err = pvm(
+            capsys, "view", "define", "--sql", VIEW, "--name", "v", "--parallelism", "2", "--wait", *admin
+        )
         assert code == 0 and "view v defined: active" in err, err
         code, out, _ = pvm(capsys, "view", "list", *analyst)
         assert code == 0 and "active" in out and "v" in out
@@ -108,7 +117,9 @@ def test_pause_resume_and_query(tmp_path, capsys):
         admin = ["--manager", live.url, "--token", live.tokens["admin"]]
         analyst = ["--manager", live.url, "--token", live.tokens["analyst"]]
         for name, table in (("a", "R"), ("b", "S")):
-            assert pvm(capsys, "source", "add", name, "--url", f"http://{name}.invalid", "--tables", table, *admin)[0] == 0
+            assert (
+                pvm(capsys, "source", "add", name, "--url", f"http://{name}.invalid", "--tables", table, *admin)[0] == 0
+            )
         live.sources["a"].load("R", [(1, "x")])
         live.sources["b"].load("S", [(1, 10), (2, 20)])
         code, _, err = pvm(capsys, "view", "define", "--sql", VIEW, "--name", "v", "--wait", *admin)
@@ -173,7 +184,15 @@ class FakeWrapper:
 
         @app.get("/v1/health")
         def health() -> dict:
-            report = Health(ok=True, source="c", last_seq=0, shipped_through=0, acked_through=0, pending=0, capture={"method": method})
+            report = Health(
+                ok=True,
+                source="c",
+                last_seq=0,
+                shipped_through=0,
+                acked_through=0,
+                pending=0,
+                capture={"method": method},
+            )
             return report.model_dump()
 
         self.app = app
@@ -201,7 +220,9 @@ def test_source_add_checks_the_wrapper(tmp_path, capsys):
         simulated = live.manager.connect
         # real HTTP to loopback wrappers, retried for 1 s (not 15) when unreachable
         live.manager.connect = lambda name, url: (
-            HttpSourceClient(name, url, retry_seconds=1.0) if url.startswith("http://127.0.0.1") else simulated(name, url)
+            HttpSourceClient(name, url, retry_seconds=1.0)
+            if url.startswith("http://127.0.0.1")
+            else simulated(name, url)
         )
 
         def registered() -> list[str]:
@@ -220,16 +241,24 @@ def test_source_add_checks_the_wrapper(tmp_path, capsys):
         # nobody listens there
         unreachable = closed_port_url()
         code, _, err = pvm(capsys, "source", "add", "c", "--url", unreachable, "--capture", "timestamp", *admin)
-        assert code == 2 and err.startswith("pvm: error: ") and f"could not read the schema of source 'c' at {unreachable}" in err
+        assert (
+            code == 2
+            and err.startswith("pvm: error: ")
+            and f"could not read the schema of source 'c' at {unreachable}" in err
+        )
         # a table the wrapper does not capture
-        code, _, err = pvm(capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "timestamp", "--tables", "T,nope", *admin)
+        code, _, err = pvm(
+            capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "timestamp", "--tables", "T,nope", *admin
+        )
         assert code == 2 and "no captured table(s) nope" in err and "captures: T" in err
         # the wrapper runs timestamp capture, not the default trigger capture: both are named
         code, _, err = pvm(capsys, "source", "add", "c", "--url", wrapper.url, *admin)
         assert code == 2 and "capture 'trigger' was given" in err and "reports capture method 'timestamp'" in err
         assert registered() == [] and "c" not in live.manager.clients  # nothing registered
 
-        code, out, err = pvm(capsys, "source", "add", "c", "--wrapper-url", wrapper.url, "--capture", "timestamp", "--json", *admin)
+        code, out, err = pvm(
+            capsys, "source", "add", "c", "--wrapper-url", wrapper.url, "--capture", "timestamp", "--json", *admin
+        )
         assert code == 0, err
         assert json.loads(out)["capture"] == "timestamp" and json.loads(out)["relations"] == {"T": ["k", "v"]}
         assert registered() == ["c"]

@@ -13,8 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_small_demo_verifies_and_says_what_to_try_next(tmp_path):
     command = [
-        sys.executable, "-m", "pvm", "demo", "--store", "memory", "--transactions", "30", "--rate", "300",
-        "--data-dir", str(tmp_path / "demo"),
+        sys.executable,
+        "-m",
+        "pvm",
+        "demo",
+        "--store",
+        "memory",
+        "--transactions",
+        "30",
+        "--rate",
+        "300",
+        "--data-dir",
+        str(tmp_path / "demo"),
     ]
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -23,6 +33,6 @@ def test_small_demo_verifies_and_says_what_to_try_next(tmp_path):
     assert "maintaining order_details" in out  # the live display
     assert "first rows of" in out
     assert "verified: the view equals its recomputation from the live sources" in out and "MISMATCH" not in out
-    explore = out[out.index("keep exploring"):]
+    explore = out[out.index("keep exploring") :]
     assert "pvm demo --serve" in explore and "pvm query" in explore and "/docs" in explore
     assert (tmp_path / "demo" / "catalog.db").exists()

@@ -8,6 +8,7 @@ are only delete-insert pairs; with an aging buffer covering the displacement it 
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -105,13 +106,19 @@ EXACT = [
     ("sort_merge", lambda f1, f2, **kw: sort_merge_diff(f1, f2, **kw)),
     ("partitioned_hash", lambda f1, f2, **kw: partitioned_hash_diff(f1, f2, **kw)),
     ("sort_merge <K,b>", lambda f1, f2, **kw: sort_merge_diff(f1, f2, compression=Compression(64), **kw)),
-    ("sort_merge <K,b,p>", lambda f1, f2, **kw: sort_merge_diff(f1, f2, compression=Compression(64, pointer=True), **kw)),
+    (
+        "sort_merge <K,b,p>",
+        lambda f1, f2, **kw: sort_merge_diff(f1, f2, compression=Compression(64, pointer=True), **kw),
+    ),
     ("partitioned_hash <K,b>", lambda f1, f2, **kw: partitioned_hash_diff(f1, f2, compression=Compression(64), **kw)),
     (
         "partitioned_hash <K,b,p>",
         lambda f1, f2, **kw: partitioned_hash_diff(f1, f2, compression=Compression(64, pointer=True), **kw),
     ),
-    ("partitioned_hash <K,b> crc32", lambda f1, f2, **kw: partitioned_hash_diff(f1, f2, compression=Compression(32), **kw)),
+    (
+        "partitioned_hash <K,b> crc32",
+        lambda f1, f2, **kw: partitioned_hash_diff(f1, f2, compression=Compression(32), **kw),
+    ),
 ]
 
 
@@ -148,7 +155,7 @@ def test_kept_state_carries_over_between_differentials(chain, budget):
     for comp in comps:
         sm_state = sorted_state(snaps[0], compression=comp, budget=b)
         ph_state = hash_state(snaps[0], compression=comp, budget=b)
-        for old, new in zip(snaps, snaps[1:]):
+        for old, new in itertools.pairwise(snaps):
             sm = sort_merge_diff(sm_state, new, compression=comp, budget=b)
             ph = partitioned_hash_diff(ph_state, new, compression=comp, budget=b)
             check_exact(sm.changes, old, new)

@@ -162,7 +162,7 @@ def test_truncated_parquet_raises_snapshot_error(tmp_path, cut):
 def test_schema_or_key_change_between_dumps(tmp_path):
     a = open_snapshot(_csv(tmp_path, "a.csv", F1), key="id")
     wider = Schema(("id", "name", "balance", "email"), ("id",))
-    b = open_snapshot(_csv(tmp_path, "b.csv", [(k, r + ("e",)) for k, r in F2], wider), key="id")
+    b = open_snapshot(_csv(tmp_path, "b.csv", [(k, (*r, "e")) for k, r in F2], wider), key="id")
     with pytest.raises(SnapshotError, match="schema changed"):
         window_diff(a, b)
     rekeyed = open_snapshot(_csv(tmp_path, "c.csv", F2), key="name")
@@ -217,7 +217,11 @@ def test_miss_probability_numbers_from_the_paper():
     assert expected_clean_runs(64, 1_789_570) > 1e12
 
 
-@given(rests=st.lists(st.tuples(st.one_of(st.text(max_size=4), st.integers(), st.none()), st.text(max_size=3)), max_size=30))
+@given(
+    rests=st.lists(
+        st.tuples(st.one_of(st.text(max_size=4), st.integers(), st.none()), st.text(max_size=3)), max_size=30
+    )
+)
 @settings(max_examples=60, deadline=None)
 def test_batch_compressor_matches_single(rests):
     for bits, h in [(32, "crc32"), (12, "crc32"), (64, "blake2b"), (20, "blake2b")]:
@@ -235,7 +239,9 @@ def test_checksums_are_the_same_in_another_process():
     code = "from wrappers.differential import checksum; print(checksum(('ann', 10, None), 32), checksum(('ann',), 64))"
     root = os.path.dirname(os.path.dirname(os.path.abspath(wrappers.__file__)))
     env = dict(os.environ, PYTHONHASHSEED="123", PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.split()
     assert [int(x) for x in out] == [checksum(("ann", 10, None), 32), checksum(("ann",), 64)]
 
 

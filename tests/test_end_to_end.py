@@ -86,7 +86,9 @@ def read_live(paths: dict) -> dict:
 COLUMNS = {("sa", "R"): ("id", "b", "note"), ("sb", "S"): ("id", "b", "c"), ("sc", "T"): ("id", "c", "d")}
 
 
-@pytest.mark.parametrize("seed, parallelism, commit_mode", [(1, 4, "out_of_order"), (2, 8, "out_of_order"), (3, 3, "arrival")])
+@pytest.mark.parametrize(
+    "seed, parallelism, commit_mode", [(1, 4, "out_of_order"), (2, 8, "out_of_order"), (3, 3, "arrival")]
+)
 async def test_real_wrappers_match_recomputation(tmp_path, seed, parallelism, commit_mode):
     rng = random.Random(seed)
     paths = make_sources(tmp_path, rng)
@@ -94,7 +96,9 @@ async def test_real_wrappers_match_recomputation(tmp_path, seed, parallelism, co
     async with LocalDeployment(tmp_path) as deployment:
         manager = deployment.manager
         for source, (table, _) in SOURCES.items():
-            await deployment.add_sqlite_source(source, paths[source], [table], query_delay_ms=8, max_concurrent_queries=2)
+            await deployment.add_sqlite_source(
+                source, paths[source], [table], query_delay_ms=8, max_concurrent_queries=2
+            )
         errors: list = []
 
         def wave(base: int) -> list[threading.Thread]:

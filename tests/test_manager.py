@@ -188,7 +188,9 @@ async def test_sweep_runs_one_unit_at_a_time(tmp_path):
 async def commit_sequence(tmp_path, mode: str, seed: int) -> tuple[list[int], bool]:
     store = MemoryStore()
     delays = Delays(before_snapshot=0.003, evaluation=0.006)
-    manager, sources = await start_sim_manager(tmp_path / f"{mode}{seed}.db", TABLES, store=store, seed=seed, delays=delays)
+    manager, sources = await start_sim_manager(
+        tmp_path / f"{mode}{seed}.db", TABLES, store=store, seed=seed, delays=delays
+    )
     try:
         await manager.define_view(VIEW, "v", parallelism=6, commit_mode=mode)
         await manager.wait_idle("v")
@@ -379,10 +381,14 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
     manager, _ = await start_sim_manager(tmp_path / "c.db", {})
     manager.connect = lambda name, url: ReportingSource(name, {"T": ("k", "v")}, random.Random(0), method="timestamp")
     try:
-        with pytest.raises(ManagerError, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot") as info:
+        with pytest.raises(
+            ManagerError, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot"
+        ) as info:
             await manager.add_source("c", "http://c.invalid", capture="log")
         assert info.value.status == 422
-        with pytest.raises(ManagerError, match="capture 'trigger' was given.*reports capture method 'timestamp'") as info:
+        with pytest.raises(
+            ManagerError, match="capture 'trigger' was given.*reports capture method 'timestamp'"
+        ) as info:
             await manager.add_source("c", "http://c.invalid", capture="trigger")
         assert info.value.status == 422
         with pytest.raises(ManagerError, match="no captured table.*nope.*captures: T") as info:
@@ -393,7 +399,6 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
         assert (await manager.db("sources"))["c"].capture == "timestamp"
     finally:
         await manager.stop()
-
 
 
 async def test_restart_publishes_the_watermark_the_catalog_recorded(tmp_path):

@@ -72,7 +72,9 @@ def random_transaction(rng: random.Random, source: SimSource) -> list[tuple[str,
     return changes
 
 
-async def run_schedule(tmp_path, seed: int, switches: Switches | None = None, store=None, transactions: int = 24) -> Outcome:
+async def run_schedule(
+    tmp_path, seed: int, switches: Switches | None = None, store=None, transactions: int = 24
+) -> Outcome:
     rng = random.Random(seed)
     delays = Delays(before_snapshot=0.004, evaluation=0.004, shipping=0.002)
     catalog = tmp_path / f"catalog-{seed}-{uuid.uuid4().hex[:8]}.db"
@@ -116,7 +118,9 @@ async def run_schedule(tmp_path, seed: int, switches: Switches | None = None, st
         await manager.wait_idle(name, timeout=60)
     outcome = Outcome([], {}, 0)
     for name in VIEWS:
-        outcome.mismatches += await check_view(manager, name, sources, check_history=not isinstance(store, ClampingStore))
+        outcome.mismatches += await check_view(
+            manager, name, sources, check_history=not isinstance(store, ClampingStore)
+        )
         outcome.watermarks[name] = manager.watermark(name)
         outcome.compensations += manager.views[name].maintainer.counters.compensations
     await manager.stop()

@@ -26,7 +26,12 @@ def definition(p: ViewProtocol, unit: Unit, term: int, position: int, source: st
 
 def found(p: ViewProtocol, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[int]:
     deltas = p.concurrent_deltas(unit, term, position, source, watermark)
-    ids = {id(d): u.log_id for v in [*p.ppu.values(), *p.waiting.values(), *p.rpu.values()] for u in v.updates for d in u.deltas.values()}
+    ids = {
+        id(d): u.log_id
+        for v in [*p.ppu.values(), *p.waiting.values(), *p.rpu.values()]
+        for u in v.updates
+        for d in u.deltas.values()
+    }
     ids |= {id(d): u.log_id for u in p.umq for d in u.deltas.values()}
     return sorted(ids[id(d)] for d in deltas)
 
@@ -38,7 +43,14 @@ operations = st.lists(
         st.tuples(st.just("finish"), st.integers(0, 10)),
         st.tuples(st.just("fail"), st.integers(0, 10)),
         st.tuples(st.just("restart")),
-        st.tuples(st.just("check"), st.integers(0, 10), st.integers(-1, 2), st.integers(0, 2), st.sampled_from(SOURCES), st.integers(0, 30)),
+        st.tuples(
+            st.just("check"),
+            st.integers(0, 10),
+            st.integers(-1, 2),
+            st.integers(0, 2),
+            st.sampled_from(SOURCES),
+            st.integers(0, 30),
+        ),
     ),
     max_size=80,
 )
@@ -70,7 +82,9 @@ def test_the_index_finds_what_the_definition_says(ops, retention: bool, parallel
         elif kind == "check" and p.ppu:
             _, pick, term, position, source, watermark = op
             unit = sorted(p.ppu.values(), key=lambda u: u.order)[pick % len(p.ppu)]
-            assert found(p, unit, term, position, source, watermark) == definition(p, unit, term, position, source, watermark)
+            assert found(p, unit, term, position, source, watermark) == definition(
+                p, unit, term, position, source, watermark
+            )
     for unit in list(p.ppu.values()):
         for source in SOURCES:
             for position in range(3):
@@ -94,7 +108,7 @@ def test_shelving_and_reading_back_keep_the_index() -> None:
     shelf = p.unshelve()
     assert shelf is not None and shelf.after == {"a": 0}
     p.receive(updates[5])  # arrived after the unshelve: already queued when the log is read
-    p.requeue(updates[: 5])
+    p.requeue(updates[:5])
     assert [u.seq for u in p.umq] == [1, 2, 3, 4, 5, 6]
     unit = p.start()
     assert len(p.concurrent_deltas(unit, 0, 0, "a", 6)) == 6 - len(unit.updates)

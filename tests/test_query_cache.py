@@ -10,11 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from api.schemas import Subquery
+from tests.capture_support import run_sql
 from warehouse.expr import Cmp, Col, to_wire
 from wrappers import query
 from wrappers.capture import dialect_for
 from wrappers.schema import SourceSchema
-from tests.capture_support import pg_url, run_sql  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.servers
 
@@ -45,7 +45,7 @@ def _answer(engine: sa.Engine, schema: SourceSchema, keys: list[list[Any]], colu
         conn.close()
 
 
-def test_a_shape_is_compiled_once_and_answers_stay_the_same(pg_url: str) -> None:  # noqa: F811
+def test_a_shape_is_compiled_once_and_answers_stay_the_same(pg_url: str) -> None:
     run_sql(pg_url, "CREATE TABLE r (id INT PRIMARY KEY, a VARCHAR(10), b VARCHAR(10))")
     run_sql(pg_url, "INSERT INTO r VALUES " + ", ".join(f"({i}, '{a}', '{b}')" for i, a, b in ROWS))
     engine = dialect_for(pg_url).open_engine(pg_url)
@@ -63,7 +63,7 @@ def test_a_shape_is_compiled_once_and_answers_stay_the_same(pg_url: str) -> None
         engine.dispose()
 
 
-def test_collated_columns_are_told_apart_by_the_cache(pg_url: str) -> None:  # noqa: F811
+def test_collated_columns_are_told_apart_by_the_cache(pg_url: str) -> None:
     """Statements that differ only in the column under the collation get their own SQL (in
     subqueries the key table's name differs too, which would hide a cache key without it)."""
     run_sql(pg_url, "CREATE TABLE r (id INT PRIMARY KEY, a VARCHAR(10), b VARCHAR(10))")
@@ -74,6 +74,8 @@ def test_collated_columns_are_told_apart_by_the_cache(pg_url: str) -> None:  # n
         with engine.connect() as conn:
             for column, expected in (("a", ["AB", "ab", "ab"]), ("b", ["x", "y", "z"]), ("a", ["AB", "ab", "ab"])):
                 collated = query._Binary(r.c[column], "C")
-                assert conn.execute(sa.select(collated).select_from(r).order_by(collated)).scalars().all() == expected, column
+                assert (
+                    conn.execute(sa.select(collated).select_from(r).order_by(collated)).scalars().all() == expected
+                ), column
     finally:
         engine.dispose()

@@ -20,8 +20,17 @@ import pytest
 from pvm.local import LocalDeployment
 from warehouse.recompute import recompute
 from warehouse.store.memory import MemoryStore
-from wrappers.three_sources import TABLES, VIEW, WrapperSet, Writers, check_oracle, create, read_live, sqlite_file, until
-from tests.capture_support import maria_url, pg_url  # noqa: F401 (fixtures)
+from wrappers.three_sources import (
+    TABLES,
+    VIEW,
+    WrapperSet,
+    Writers,
+    check_oracle,
+    create,
+    read_live,
+    sqlite_file,
+    until,
+)
 
 pytestmark = pytest.mark.servers
 
@@ -75,9 +84,9 @@ async def test_view_over_three_databases_matches_recomputation(
         assert checked == manager.watermark("v") > 30
         assert compensations + manager.view("v").maintainer.counters.compensations > 0  # concurrency happened
         final = manager.read("v")
-        assert not final.has_negative() and final == recompute(manager.view("v").plan, read_live(urls), {
-            (s, t): cols for s, (t, _, cols) in TABLES.items()
-        })
+        assert not final.has_negative() and final == recompute(
+            manager.view("v").plan, read_live(urls), {(s, t): cols for s, (t, _, cols) in TABLES.items()}
+        )
     finally:
         await deployment.__aexit__(None, None, None)
 

@@ -11,6 +11,7 @@ stalled view, and one verification of a view runs at a time.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -134,7 +135,7 @@ async def test_a_source_unreachable_past_its_retries_is_retried_not_failed(tmp_p
         assert await state_in_catalog(manager) == "active"
         health = (await env.client.get("/v1/health")).json()
         assert any("view 'v' retrying" in p for p in health["problems"]), health
-        gaps = [b - a for a, b in zip(failures, failures[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(failures)]
         assert gaps[-1] >= FAST.first_s  # backoff between attempts
 
         fixed.set()
@@ -224,7 +225,6 @@ async def test_a_view_that_failed_to_publish_publishes_on_resume(tmp_path):
         assert sorted(manager.read_rows("v")) == sorted(expected(manager, sources).expand())
 
 
-
 async def test_a_failed_view_is_retried_by_resume_with_its_order_numbers(tmp_path):
     async with served(tmp_path) as env:
         manager, sources, client = env.manager, env.sources, env.client
@@ -309,7 +309,10 @@ async def restart_schedule(tmp_path, seed: int) -> tuple[list[str], dict[str, tu
             s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
     for name, sql in ORACLE_VIEWS.items():
         await manager.define_view(
-            sql, name=name, parallelism=rng.choice([1, 2, 3]), batch_size=rng.choice([1, 1, 2]),
+            sql,
+            name=name,
+            parallelism=rng.choice([1, 2, 3]),
+            batch_size=rng.choice([1, 1, 2]),
             commit_mode=rng.choice(["out_of_order", "arrival"]),
         )
         await manager.wait_idle(name)

@@ -23,7 +23,7 @@ from pvm.cli import main
 from pvm.secret_options import SecretOption
 from tests.api_support import LiveManager
 from tests.fake_manager import FakeManager
-from tests.test_secrets_at_rest import postgresql_catalog, read_line  # noqa: F401 (fixture)
+from tests.test_secrets_at_rest import read_line
 
 WRAPPER_TOKEN = "w" * 40
 MANAGER_TOKEN = "the-manager-token-0123456789"
@@ -64,7 +64,11 @@ def test_wrapper_takes_its_url_and_tokens_from_files_and_the_environment(tmp_pat
             "--state-dir", str(tmp_path / "state"), *(str(x) for pair in files.items() for x in pair),
         ]  # fmt: skip
         wrapper = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(PVM_SOURCE_URL=f"sqlite:///{db}")
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(PVM_SOURCE_URL=f"sqlite:///{db}"),
         )
         try:
             url = read_line(wrapper).split()[-1]
@@ -89,11 +93,11 @@ def make_source(tmp_path: Path) -> Path:
     return db
 
 
-@pytest.mark.parametrize(
-    "flag", ["--url-file", "--token-file", "--manager-token-file", "--application-token-file"]
-)
+@pytest.mark.parametrize("flag", ["--url-file", "--token-file", "--manager-token-file", "--application-token-file"])
 @pytest.mark.parametrize("problem", ["missing", "a directory", "empty"])
-def test_a_wrapper_secret_file_that_cannot_be_read_is_a_cli_error(tmp_path: Path, capsys, flag: str, problem: str) -> None:
+def test_a_wrapper_secret_file_that_cannot_be_read_is_a_cli_error(
+    tmp_path: Path, capsys, flag: str, problem: str
+) -> None:
     path = {"missing": tmp_path / "nope", "a directory": tmp_path, "empty": secret_file(tmp_path, "empty", "")}[problem]
     code, _, err = pvm(
         capsys, "wrapper", "run", "--source", "s", "--url", "sqlite:///x.db", "--tables", "r", "--manager", "http://127.0.0.1:1",
@@ -118,12 +122,17 @@ def test_secrets_on_the_wrapper_command_line_still_work_with_a_warning(tmp_path:
         wrapper = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         try:
             url = read_line(wrapper).split()[-1]
-            assert httpx.get(f"{url}/v1/schema", headers={"Authorization": f"Bearer {MANAGER_TOKEN}"}).status_code == 200
+            assert (
+                httpx.get(f"{url}/v1/schema", headers={"Authorization": f"Bearer {MANAGER_TOKEN}"}).status_code == 200
+            )
         finally:
             wrapper.terminate()
             _, err = wrapper.communicate(timeout=30)
     for flag in ("--token", "--manager-token"):
-        assert f"{flag} was given on the command line, where every user of this machine can read it (ps); use {flag}-file" in err
+        assert (
+            f"{flag} was given on the command line, where every user of this machine can read it (ps); use {flag}-file"
+            in err
+        )
     assert "--url was given" not in err  # a URL without a password is no secret
     assert MANAGER_TOKEN not in err and WRAPPER_TOKEN not in err
 
@@ -135,7 +144,9 @@ def test_a_url_warns_only_when_it_holds_a_password(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="pvm.secrets"):
         assert option.value(parser.parse_args(["--url", "postgresql://pvm@db/shop"]), {}) == "postgresql://pvm@db/shop"
         assert caplog.records == []
-        assert option.value(parser.parse_args(["--url", f"postgresql://pvm:{PASSWORD}@db/shop"]), {}).endswith("@db/shop")
+        assert option.value(parser.parse_args(["--url", f"postgresql://pvm:{PASSWORD}@db/shop"]), {}).endswith(
+            "@db/shop"
+        )
     assert [r.getMessage().split(" was given")[0] for r in caplog.records] == ["--url"]
     assert PASSWORD not in caplog.text
 
@@ -154,7 +165,9 @@ def tokens_in(url: str) -> int:
 
 @pytest.mark.servers
 @pytest.mark.parametrize("given", ["file", "environment"])
-def test_serve_takes_its_catalog_url_from_a_file_or_the_environment(tmp_path: Path, postgresql_catalog: str, given: str) -> None:
+def test_serve_takes_its_catalog_url_from_a_file_or_the_environment(
+    tmp_path: Path, postgresql_catalog: str, given: str
+) -> None:
     options, env = [], clean_env()
     if given == "file":
         options = ["--catalog-file", str(secret_file(tmp_path, "catalog-url", postgresql_catalog))]
@@ -181,7 +194,16 @@ def test_serve_takes_its_catalog_url_from_a_file_or_the_environment(tmp_path: Pa
 
 
 def test_serve_refuses_a_catalog_file_it_cannot_read(tmp_path: Path, capsys) -> None:
-    code, _, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", "--catalog-file", str(tmp_path / "nope"))
+    code, _, err = pvm(
+        capsys,
+        "serve",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--store",
+        "memory",
+        "--catalog-file",
+        str(tmp_path / "nope"),
+    )
     assert code == 2 and err.startswith(f"pvm: error: --catalog-file {tmp_path / 'nope'}: cannot read it"), err
     assert not (tmp_path / "d").exists()  # refused before anything
 
@@ -194,7 +216,9 @@ def test_serve_warns_of_a_catalog_password_on_its_command_line(tmp_path: Path, c
     args = build_parser(["serve"]).parse_args(["serve", "--store", "memory", "--catalog", url])
     with caplog.at_level(logging.WARNING, logger="pvm.secrets"):
         serve.check_options(args)
-    assert args.catalog == url and "--catalog was given on the command line" in caplog.text and PASSWORD not in caplog.text
+    assert (
+        args.catalog == url and "--catalog was given on the command line" in caplog.text and PASSWORD not in caplog.text
+    )
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -208,5 +232,7 @@ def test_the_client_takes_its_token_from_a_file(tmp_path: Path, capsys, monkeypa
         assert code == 0 and "admin" in out, err
         code, _, err = pvm(capsys, "view", "list", "--manager", live.url, "--token-file", str(tmp_path / "nope"))
         assert code == 2 and f"--token-file {tmp_path / 'nope'}: cannot read it" in err, err
-        code, _, err = pvm(capsys, "view", "list", "--manager", live.url, "--token", "x", "--token-file", str(token_file))
+        code, _, err = pvm(
+            capsys, "view", "list", "--manager", live.url, "--token", "x", "--token-file", str(token_file)
+        )
         assert code == 2 and "give --token or --token-file, not both" in err, err

@@ -13,7 +13,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,7 +134,9 @@ def test_wrapper_state_outbox_and_replica_files_are_private(tmp_path: Path, loos
 def test_an_sqlite_catalog_is_private_and_an_older_one_is_tightened(tmp_path: Path, loose_umask, caplog) -> None:
     fresh = Catalog(f"sqlite:///{tmp_path / 'fresh.db'}")
     fresh.add_token("admin", None, "x", "hash")  # writes: the WAL files exist now
-    assert {p.name: mode(p) for p in tmp_path.glob("fresh.db*")} == {n: "0o600" for n in ("fresh.db", "fresh.db-wal", "fresh.db-shm")}
+    assert {p.name: mode(p) for p in tmp_path.glob("fresh.db*")} == dict.fromkeys(
+        ("fresh.db", "fresh.db-wal", "fresh.db-shm"), "0o600"
+    )
     fresh.close()
     older = tmp_path / "older.db"
     migrations.upgrade(f"sqlite:///{older}")
@@ -143,20 +144,6 @@ def test_an_sqlite_catalog_is_private_and_an_older_one_is_tightened(tmp_path: Pa
     Catalog(f"sqlite:///{older}").close()
     assert mode(older) == "0o600"
     assert any("changed the modes of" in r.getMessage() and str(older) in r.getMessage() for r in caplog.records)
-
-
-@pytest.fixture
-def postgresql_catalog() -> Iterator[str]:
-    name = f"pvm_catalog_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.servers)])
@@ -180,7 +167,13 @@ def test_the_catalog_never_holds_a_manager_token_in_clear(catalog_url: str, tmp_
     key_file = tmp_path / "keys" / KEY_FILE
     catalog = Catalog(catalog_url, key_file)
     try:
-        catalog.add_source("shop", "http://127.0.0.1:8101", "trigger", [RelationInfo("shop", "r", ("k",), ("INTEGER",), ("k",))], MANAGER_TOKEN)
+        catalog.add_source(
+            "shop",
+            "http://127.0.0.1:8101",
+            "trigger",
+            [RelationInfo("shop", "r", ("k",), ("INTEGER",), ("k",))],
+            MANAGER_TOKEN,
+        )
         assert catalog.sources()["shop"].manager_token == MANAGER_TOKEN
     finally:
         catalog.close()
@@ -193,13 +186,20 @@ def test_the_catalog_never_holds_a_manager_token_in_clear(catalog_url: str, tmp_
         Catalog(catalog_url, tmp_path / "other.key").sources()
 
 
-def test_an_older_catalog_with_clear_tokens_is_sealed_on_upgrade_and_still_read(catalog_url: str, tmp_path: Path) -> None:
+def test_an_older_catalog_with_clear_tokens_is_sealed_on_upgrade_and_still_read(
+    catalog_url: str, tmp_path: Path
+) -> None:
     migrations.upgrade(catalog_url, "0002")
     engine = sa.create_engine(catalog_url)
     with engine.begin() as conn:
         conn.execute(
-            sa.text("INSERT INTO sources (name, wrapper_url, capture, created_at, manager_token) VALUES (:n, :u, 'trigger', 1.0, :t)"),
-            [{"n": "shop", "u": "http://127.0.0.1:8101", "t": MANAGER_TOKEN}, {"n": "crm", "u": "http://127.0.0.1:8102", "t": None}],
+            sa.text(
+                "INSERT INTO sources (name, wrapper_url, capture, created_at, manager_token) VALUES (:n, :u, 'trigger', 1.0, :t)"
+            ),
+            [
+                {"n": "shop", "u": "http://127.0.0.1:8101", "t": MANAGER_TOKEN},
+                {"n": "crm", "u": "http://127.0.0.1:8102", "t": None},
+            ],
         )
     engine.dispose()
     key_file = tmp_path / KEY_FILE
@@ -256,7 +256,10 @@ def test_the_key_is_made_once_even_by_processes_racing_for_it(tmp_path: Path) ->
         "import sys; from pathlib import Path; from warehouse.catalog.secrets import TokenSealer;"
         "print(TokenSealer(Path(sys.argv[1])).seal('t'))"
     )
-    racers = [subprocess.Popen([sys.executable, "-c", script, str(key_file)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script, str(key_file)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     sealed = [r.communicate(timeout=60)[0].strip() for r in racers]
     assert all(TokenSealer(key_file).unseal(s) == "t" for s in sealed)
     assert [p.name for p in tmp_path.iterdir()] == [KEY_FILE] and mode(key_file) == "0o600"  # no temporary files left

@@ -34,7 +34,10 @@ def process_umask() -> Iterator[None]:
     os.umask(umask)
 
 
-@pytest.mark.parametrize("hosts", [["--host", "0.0.0.0"], ["--connect-host", "10.1.2.3"], ["--host", "::"], ["--connect-host", "myhost.example"]])
+@pytest.mark.parametrize(
+    "hosts",
+    [["--host", "0.0.0.0"], ["--connect-host", "10.1.2.3"], ["--host", "::"], ["--connect-host", "myhost.example"]],
+)
 def test_spark_connect_off_loopback_without_tls_is_refused(tmp_path, capsys, hosts: list[str]) -> None:
     data = tmp_path / "data"
     code, err = pvm(capsys, "serve", "--data-dir", str(data), "--port", "0", "--connect-port", "0", *hosts)
@@ -70,7 +73,10 @@ def test_spark_connect_off_loopback_with_tls_passes(tmp_path) -> None:
     [
         (["--connect-port", "0", "--store", "memory"], "--connect-port needs the Spark store"),
         (["--connect-port", "0", "--connect-tls-cert", "/nonexistent/cert.pem"], "go together"),
-        (["--connect-port", "0", "--connect-tls-cert", "/nonexistent/c", "--connect-tls-key", "/nonexistent/k"], "no such file"),
+        (
+            ["--connect-port", "0", "--connect-tls-cert", "/nonexistent/c", "--connect-tls-key", "/nonexistent/k"],
+            "no such file",
+        ),
         (["--analyst-concurrency", "0"], "at least 1"),
         (["--query-timeout", "0"], "--query-timeout"),
         (["--query-timeout", "nan"], "--query-timeout"),
@@ -117,11 +123,29 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
 
     monkeypatch.setattr(warehouse.manager, "Manager", fake_manager)
     with pytest.raises(Stop):
-        main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--port", "0",
-              "--commit-linger", "0.25", "--commit-group-size", "7", "--seq-window", "50"])
+        main(
+            [
+                "serve",
+                "--data-dir",
+                str(tmp_path),
+                "--store",
+                "memory",
+                "--port",
+                "0",
+                "--commit-linger",
+                "0.25",
+                "--commit-group-size",
+                "7",
+                "--seq-window",
+                "50",
+            ]
+        )
     # the memory store: no analysts' query process
     assert seen == {
-        "commit_group_size": 7, "commit_linger": 0.25, "catalog_key_file": tmp_path / "catalog.key", "stall_after_s": 60.0,
+        "commit_group_size": 7,
+        "commit_linger": 0.25,
+        "catalog_key_file": tmp_path / "catalog.key",
+        "stall_after_s": 60.0,
         "seq_window": 50,
     }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
@@ -157,9 +181,19 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(serve, "open_store", fake_open_store)
     with pytest.raises(Stop):
-        main(["serve", "--data-dir", str(tmp_path), "--port", "0",
-              "--spark-conf", "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
-              "--spark-conf", "spark.sql.shuffle.partitions=8"])
+        main(
+            [
+                "serve",
+                "--data-dir",
+                str(tmp_path),
+                "--port",
+                "0",
+                "--spark-conf",
+                "spark.driver.extraJavaOptions=-XX:+UseParallelGC -Dx=a=b",
+                "--spark-conf",
+                "spark.sql.shuffle.partitions=8",
+            ]
+        )
     assert seen == {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -Dx=a=b", "spark.sql.shuffle.partitions": "8"}
 
 

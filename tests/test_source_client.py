@@ -43,7 +43,9 @@ class FlakySource:
 
         @self.app.get("/v1/schema")
         async def schema() -> JSONResponse:
-            return JSONResponse({"source": "s", "tables": {"r": {"columns": [{"name": "k", "type": "INTEGER"}], "primary_key": ["k"]}}})
+            return JSONResponse(
+                {"source": "s", "tables": {"r": {"columns": [{"name": "k", "type": "INTEGER"}], "primary_key": ["k"]}}}
+            )
 
         @self.app.get("/v1/health")
         async def health() -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse.expr import And, Arith, Between, Col, Cmp, InList, IsNull, Like, Lit, Not, Or, compile_filter
+from warehouse.expr import And, Arith, Between, Cmp, Col, InList, IsNull, Like, Lit, Not, Or, compile_filter
 from warehouse.plan import OutputColumn, RelationRef
 from warehouse.sql_views import ViewDefinitionError, parse_view
 
@@ -258,7 +258,7 @@ def test_unqualified_columns_resolve_to_their_only_relation(schema) -> None:
 
 def test_identifier_case(schema) -> None:
     # exact spelling first, then the single case-insensitive match; names come from the schema
-    plan = parse_view('SELECT O.ID, "Amount" AS a FROM shop.orders o WHERE o.Status = \'x\'', schema, "v")
+    plan = parse_view("SELECT O.ID, \"Amount\" AS a FROM shop.orders o WHERE o.Status = 'x'", schema, "v")
     assert plan.outputs == (OutputColumn("id", o("id")), OutputColumn("a", o("amount")))
     assert plan.relations[0].where == Cmp("=", o("status"), Lit("x"))
 

@@ -36,7 +36,12 @@ async def test_the_api_answers_503_with_retry_after_until_the_manager_has_starte
     serving = await start_serving(server, sock)
     try:
         async with httpx.AsyncClient(base_url=http_url(sock), timeout=10) as http:
-            for method, path in [("GET", "/v1/views"), ("POST", "/v1/views"), ("GET", "/v1/ready"), ("GET", "/metrics")]:
+            for method, path in [
+                ("GET", "/v1/views"),
+                ("POST", "/v1/views"),
+                ("GET", "/v1/ready"),
+                ("GET", "/metrics"),
+            ]:
                 answer = await http.request(method, path, headers=admin)
                 assert answer.status_code == 503, (path, answer.text)
                 assert answer.headers["Retry-After"] == "5"

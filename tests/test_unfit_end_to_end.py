@@ -18,7 +18,6 @@ from api.schemas import NAN, loads_wire_json
 from pvm.local import LocalDeployment
 from warehouse.zset import ZSet
 from wrappers.three_sources import WrapperSet
-from tests.capture_support import pg_url  # noqa: F401 (fixture)
 
 VIEW = "CREATE VIEW v AS SELECT i.id, i.val, i.name FROM {source}.items i WHERE i.val > 0"
 
@@ -44,7 +43,9 @@ async def test_a_sqlite_source_with_infinities_and_unfit_rows(tmp_path: Path) ->
     path = tmp_path / "shop.db"
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, val REAL, name TEXT)")
-        db.executemany("INSERT INTO items VALUES (?, ?, ?)", [(1, 1.5, "a"), (2, "oops", "b"), (3, 9e999, "c"), (4, -9e999, "d")])
+        db.executemany(
+            "INSERT INTO items VALUES (?, ?, ?)", [(1, 1.5, "a"), (2, "oops", "b"), (3, 9e999, "c"), (4, -9e999, "d")]
+        )
     async with LocalDeployment(tmp_path) as deployment:
         manager = deployment.manager
         await deployment.add_sqlite_source("shop", path, ["items"])
@@ -83,7 +84,7 @@ async def test_a_sqlite_source_with_infinities_and_unfit_rows(tmp_path: Path) ->
 
 
 @pytest.mark.servers
-async def test_a_postgresql_source_with_nan_and_infinities(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+async def test_a_postgresql_source_with_nan_and_infinities(pg_url: str, tmp_path: Path) -> None:
     """PostgreSQL holds NaN and infinities in double precision (its to_jsonb writes them as
     strings). They reach the view as floats; NaN compares as PostgreSQL compares it (above
     every number), so the predicate val > 0 holds for it on both the capture and the
@@ -91,7 +92,9 @@ async def test_a_postgresql_source_with_nan_and_infinities(pg_url: str, tmp_path
     engine = sa.create_engine(pg_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE items (id INTEGER PRIMARY KEY, val DOUBLE PRECISION, name TEXT)")
-        conn.exec_driver_sql("INSERT INTO items VALUES (1, 'NaN', 'a'), (2, 'Infinity', 'b'), (3, '-Infinity', 'c'), (4, 1.5, 'd')")
+        conn.exec_driver_sql(
+            "INSERT INTO items VALUES (1, 'NaN', 'a'), (2, 'Infinity', 'b'), (3, '-Infinity', 'c'), (4, 1.5, 'd')"
+        )
 
     def live() -> ZSet:
         with engine.connect() as conn:

@@ -25,7 +25,7 @@ def shipped(row: dict) -> dict:
 @pytest.mark.parametrize(("value", "spelled"), list(zip(NON_FINITE, ["Infinity", "-Infinity", "NaN"])))
 def test_a_non_finite_float_travels_tagged_and_arrives_as_a_float(value: float, spelled: str) -> None:
     text = Change(relation="r", sign=1, row={"x": value}).model_dump_json()
-    assert text == '{"relation":"r","sign":1,"row":{"x":{"$float":"%s"}}}' % spelled  # not null, as before
+    assert text == f'{{"relation":"r","sign":1,"row":{{"x":{{"$float":"{spelled}"}}}}}}'  # not null, as before
     got = shipped({"x": value, "y": 1.5})["x"]
     assert type(got) is float and (got is NAN if value != value else got == value)
 

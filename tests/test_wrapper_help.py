@@ -21,7 +21,9 @@ def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.parametrize("argv", [["wrapper", "--help"], ["wrapper", "run", "--help"]])
-def test_help_states_the_ts_limits_and_the_transaction_grouping(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_states_the_ts_limits_and_the_transaction_grouping(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     text = help_text(argv, capsys)
     # Timestamp capture's limits.
     assert "TS cannot see deletes (deleted rows stay in the views)" in text

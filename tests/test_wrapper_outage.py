@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from wrappers.process import start_wrapper
 from tests.fake_manager import FakeManager
+from wrappers.process import start_wrapper
 
 SOURCE = "legacy"
 CAPTURE_ARGS = {
@@ -41,7 +41,11 @@ def wait_for(condition, what: str, timeout: float = 10.0) -> None:  # type: igno
 @pytest.mark.parametrize("method", ["timestamp", "snapshot"])
 def test_capture_goes_on_while_the_manager_is_down_and_ships_once_it_is_back(tmp_path: Path, method: str) -> None:
     db = tmp_path / "legacy.db"
-    execute(db, "CREATE TABLE items (id INTEGER PRIMARY KEY, qty INTEGER, modified INTEGER)", "INSERT INTO items VALUES (1, 1, 1)")
+    execute(
+        db,
+        "CREATE TABLE items (id INTEGER PRIMARY KEY, qty INTEGER, modified INTEGER)",
+        "INSERT INTO items VALUES (1, 1, 1)",
+    )
     with FakeManager() as manager:
         manager.down = True
         with start_wrapper(
@@ -53,8 +57,12 @@ def test_capture_goes_on_while_the_manager_is_down_and_ships_once_it_is_back(tmp
                 return httpx.get(f"{wrapper.url}/v1/health", timeout=10).json()
 
             for n in range(2, 5):  # one transaction at a time, each captured while the manager is down
-                execute(db, f"INSERT INTO items VALUES ({n}, {n}, {n})", f"UPDATE items SET qty = qty + 10, modified = {n} WHERE id = 1")
-                wait_for(lambda: health()["pending"] == n - 1, f"update {n - 1} to be captured during the outage")
+                execute(
+                    db,
+                    f"INSERT INTO items VALUES ({n}, {n}, {n})",
+                    f"UPDATE items SET qty = qty + 10, modified = {n} WHERE id = 1",
+                )
+                wait_for(lambda n=n: health()["pending"] == n - 1, f"update {n - 1} to be captured during the outage")
                 wait_for(lambda: len(manager.posts) >= 1, "a refused post")  # the ship loop is retrying meanwhile
                 assert manager.through(SOURCE) == 0
             assert health()["last_seq"] == 3 and health()["acked_through"] == 0
@@ -66,5 +74,9 @@ def test_capture_goes_on_while_the_manager_is_down_and_ships_once_it_is_back(tmp
     assert [u.seq for u in updates] == [1, 2, 3]
     inserted = [sorted(c.row["id"] for c in u.changes if c.sign > 0) for u in updates]
     assert inserted == [[1, 2], [1, 3], [1, 4]]  # one source transaction per pull, in commit order
-    assert [sorted(c.row["qty"] for c in u.changes if c.row["id"] == 1) for u in updates] == [[1, 11], [11, 21], [21, 31]]
+    assert [sorted(c.row["qty"] for c in u.changes if c.row["id"] == 1) for u in updates] == [
+        [1, 11],
+        [11, 21],
+        [21, 31],
+    ]
     assert manager.conflicts == []

@@ -20,7 +20,16 @@ from wrappers.errors import InvalidRequest
 from wrappers.schema import SourceSchema
 
 COLS = ("id", "b", "v")
-ROWS = [(1, 1, "xa"), (2, 1, "Xa"), (3, 2, "xb"), (4, 2, "xb"), (5, None, "xc"), (6, 3, None), (7, 3, "y"), (8, 1, "xa")]
+ROWS = [
+    (1, 1, "xa"),
+    (2, 1, "Xa"),
+    (3, 2, "xb"),
+    (4, 2, "xb"),
+    (5, None, "xc"),
+    (6, 3, None),
+    (7, 3, "y"),
+    (8, 1, "xa"),
+]
 
 
 @pytest.fixture()

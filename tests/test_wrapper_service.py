@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from api.schemas import KEY_RELATION, Update
+from pvm.cli import main as pvm_main
+from tests.fake_manager import FakeManager
 from warehouse.expr import Cmp, Col, Expr, Like, Lit, compile_filter, to_wire
 from warehouse.join import extend, local_join
 from warehouse.plan import SweepStep
 from warehouse.zset import ZSet
-from pvm.cli import main as pvm_main
 from wrappers.errors import WrapperError
 from wrappers.process import WrapperProcess, start_wrapper
-from tests.fake_manager import FakeManager
 
 SOURCE = "shop"
 TOKEN = "wrapper-secret"
@@ -131,7 +131,11 @@ def test_changes_ship_in_order_with_signs_and_leave_the_outbox(db: Path, manager
         }  # fmt: skip
         schema = httpx.get(f"{wrapper.url}/v1/schema").json()
         assert schema["tables"]["r"] == {
-            "columns": [{"name": "id", "type": "INTEGER"}, {"name": "b", "type": "INTEGER"}, {"name": "v", "type": "TEXT"}],
+            "columns": [
+                {"name": "id", "type": "INTEGER"},
+                {"name": "b", "type": "INTEGER"},
+                {"name": "v", "type": "TEXT"},
+            ],
             "primary_key": ["id"],
         }
     assert manager.conflicts == []
@@ -175,7 +179,10 @@ def test_restart_resends_pending_updates_with_their_seqs(db: Path, manager: Fake
 def test_interest_filters_projects_and_sets_a_boundary(db: Path, manager: FakeManager) -> None:
     interest = {
         "relations": {
-            "r": {"columns": ["id", "v"], "where": [to_wire(Like(Col("r", "v"), "x%")), to_wire(Cmp(">", Col("r", "b"), Lit(50)))]}
+            "r": {
+                "columns": ["id", "v"],
+                "where": [to_wire(Like(Col("r", "v"), "x%")), to_wire(Cmp(">", Col("r", "b"), Lit(50)))],
+            }
         }
     }
     with start(db, manager) as wrapper:
@@ -217,7 +224,9 @@ def _join(keys: list[list], on: Expr, where: Expr | None, select: list[str], row
 def _answered(keys: list[list], on: Expr, select: list[str], rows: list[list]) -> ZSet:
     layout = tuple(Col(KEY_RELATION, f"k{j}") for j in range(len(keys[0])))
     step = SweepStep(0, layout, layout, on)
-    return extend(ZSet.from_rows(map(tuple, keys)), step, [tuple(k) for k in keys], [(r[0], tuple(r[1:-1]), r[-1]) for r in rows])
+    return extend(
+        ZSet.from_rows(map(tuple, keys)), step, [tuple(k) for k in keys], [(r[0], tuple(r[1:-1]), r[-1]) for r in rows]
+    )
 
 
 ON = Cmp("=", Col(KEY_RELATION, "k0"), Col("r", "b"))
@@ -238,7 +247,9 @@ def test_subquery_answers_and_bad_requests(db: Path, manager: FakeManager) -> No
         assert answer["rows"] and _answered(keys, ON, ["id", "v"], answer["rows"]) == _join(
             keys, ON, where, ["id", "v"], ZSet.from_rows(INITIAL)
         )
-        bad = httpx.post(f"{wrapper.url}/v1/subquery", json=_subquery(keys, Cmp("=", Col("r", "color"), Lit(1)), ["id"]))
+        bad = httpx.post(
+            f"{wrapper.url}/v1/subquery", json=_subquery(keys, Cmp("=", Col("r", "color"), Lit(1)), ["id"])
+        )
         assert bad.status_code == 400 and bad.json() == {"detail": "relation 'r' has no column 'color'"}
         bad = httpx.post(f"{wrapper.url}/v1/subquery", json={**_subquery(keys, None, ["id"]), "relation": "orders"})
         assert bad.status_code == 400 and "unknown relation 'orders'" in bad.json()["detail"]
@@ -266,7 +277,10 @@ def test_watermark_handshake_under_concurrent_writes(db: Path, manager: FakeMana
                 elif op < 0.8:
                     conn.execute("DELETE FROM r WHERE id = (SELECT id FROM r ORDER BY random() LIMIT 1)")
                 else:
-                    conn.execute("UPDATE r SET b = ? WHERE id = (SELECT id FROM r ORDER BY random() LIMIT 1)", (rng.randint(0, 5),))
+                    conn.execute(
+                        "UPDATE r SET b = ? WHERE id = (SELECT id FROM r ORDER BY random() LIMIT 1)",
+                        (rng.randint(0, 5),),
+                    )
             rolled_back = rng.random() < 0.1
             conn.execute("ROLLBACK" if rolled_back else "COMMIT")
             committed.append(not rolled_back)
@@ -299,7 +313,11 @@ def test_watermark_handshake_under_concurrent_writes(db: Path, manager: FakeMana
     assert [u.seq for u in updates] == list(range(1, last + 1))
     assert replay(ZSet.from_rows(INITIAL), updates) == contents(db)
     watermarks = sorted({a["watermark"] for _, _, a in answers})
-    assert sum(committed) > 100 and len(answers) > 50 and len(watermarks) > 10, (sum(committed), len(answers), len(watermarks))
+    assert sum(committed) > 100 and len(answers) > 50 and len(watermarks) > 10, (
+        sum(committed),
+        len(answers),
+        len(watermarks),
+    )
     states = {0: ZSet.from_rows(INITIAL)}
     for w in range(1, last + 1):
         states[w] = replay(states[w - 1], [updates[w - 1]])
@@ -335,13 +353,15 @@ def test_a_busy_source_answers_the_oldest_unit_first(db: Path, manager: FakeMana
         assert client.post("/v1/subquery", json=body, timeout=30).status_code == 200
         finished.append(priority)
 
-    with start(db, manager, query_delay_ms=300, max_concurrent_queries=1) as wrapper:
-        with httpx.Client(base_url=wrapper.url) as client:
-            threads = []
-            for priority in (5.0, 9.0, 1.0):  # the first holds the source; then a young and an old unit wait
-                threads.append(threading.Thread(target=ask, args=(client, priority)))
-                threads[-1].start()
-                time.sleep(0.1)
-            for t in threads:
-                t.join(30)
+    with (
+        start(db, manager, query_delay_ms=300, max_concurrent_queries=1) as wrapper,
+        httpx.Client(base_url=wrapper.url) as client,
+    ):
+        threads = []
+        for priority in (5.0, 9.0, 1.0):  # the first holds the source; then a young and an old unit wait
+            threads.append(threading.Thread(target=ask, args=(client, priority)))
+            threads[-1].start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(30)
     assert finished == [5.0, 1.0, 9.0]

@@ -73,7 +73,9 @@ def test_one_wrapper_per_state_and_source(tmp_path: Path) -> None:
 def test_a_recreated_outbox_is_not_mistaken_for_the_old_one(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "src.db") as db:
         db.execute("CREATE TABLE r (id INTEGER PRIMARY KEY)")
-    config = WrapperConfig("shop", f"sqlite:///{tmp_path / 'src.db'}", ("r",), "http://unused", state_dir=tmp_path / "state")
+    config = WrapperConfig(
+        "shop", f"sqlite:///{tmp_path / 'src.db'}", ("r",), "http://unused", state_dir=tmp_path / "state"
+    )
     wrapper = Wrapper(config)
     with sqlite3.connect(tmp_path / "src.db") as db:
         db.executemany("INSERT INTO r VALUES (?)", [(1,), (2,)])

@@ -26,7 +26,7 @@ class Histogram:
     """Counts of observations per bucket (the upper bounds ``bounds``, then +Inf), their
     number and their sum."""
 
-    __slots__ = ("bounds", "counts", "count", "total")
+    __slots__ = ("bounds", "count", "counts", "total")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)

@@ -18,9 +18,7 @@ class DeltaExtractor:
     def __init__(self, plan: ViewPlan) -> None:
         self.plan = plan
         self._positions = {(r.source, r.table): i for i, r in enumerate(plan.relations)}
-        self._filters = [
-            compile_filter(r.where, {c: i for i, c in enumerate(r.cols())}) for r in plan.relations
-        ]
+        self._filters = [compile_filter(r.where, {c: i for i, c in enumerate(r.cols())}) for r in plan.relations]
 
     def __call__(self, entry: LogEntry) -> ViewUpdate | None:
         deltas: dict[int, ZSet] = {}

@@ -24,9 +24,9 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
-Scalar = Union[int, float, str, bool, None]
+Scalar = int | float | str | bool | None
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Like:
     negated: bool = False
 
 
-Expr = Union[Col, Lit, Arith, Cmp, And, Or, Not, InList, Between, IsNull, Like]
+Expr = Col | Lit | Arith | Cmp | And | Or | Not | InList | Between | IsNull | Like
 
 TRUE = Lit(True)
 

@@ -49,7 +49,7 @@ class StoreProbe:
         remaining = self.timeout_s - (time.monotonic() - self._asked_at)
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(asking)), max(remaining, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._no_answer()
         return self._answer
 

@@ -36,9 +36,7 @@ def distinct_keys(partial: ZSet, step: SweepStep) -> list[Row]:
     return list(dict.fromkeys(key(row) for row in partial.rows()))
 
 
-def extend(
-    partial: ZSet, step: SweepStep, keys: Sequence[Row], answer: Iterable[tuple[int, Row, int]]
-) -> ZSet:
+def extend(partial: ZSet, step: SweepStep, keys: Sequence[Row], answer: Iterable[tuple[int, Row, int]]) -> ZSet:
     """Join ``partial`` with a source's answer ``(key index, relation row, count)``."""
     matches: dict[Row, list[tuple[Row, int]]] = defaultdict(list)
     for key_index, rel_row, count in answer:
@@ -72,7 +70,9 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
 
 
 @functools.lru_cache(maxsize=1024)
-def _join_plan(step: SweepStep, rel_cols: tuple[Col, ...]) -> tuple[tuple[int, ...], tuple[int, ...], Callable[[Row], bool]]:
+def _join_plan(
+    step: SweepStep, rel_cols: tuple[Col, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...], Callable[[Row], bool]]:
     """The positions ``local_join`` hashes on in each side, and the compiled ``on``, once per
     step: compiling the predicate costs more than the join of a few delta rows."""
     p_index = {c: i for i, c in enumerate(step.layout)}

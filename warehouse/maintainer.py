@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
@@ -44,8 +45,15 @@ T = TypeVar("T")
 # matches the view, a token it does not accept), a store that refuses a request, a value the
 # store cannot hold, a malformed answer, a bug. Retrying them would only repeat them.
 NEEDS_A_PERSON: tuple[type[BaseException], ...] = (
-    SourceError, StoreError, TypeError, ValueError, LookupError, AttributeError, AssertionError,
-    ArithmeticError, NotImplementedError,
+    SourceError,
+    StoreError,
+    TypeError,
+    ValueError,
+    LookupError,
+    AttributeError,
+    AssertionError,
+    ArithmeticError,
+    NotImplementedError,
 )
 
 
@@ -227,7 +235,9 @@ class ViewMaintainer:
                 if unit is None:
                     unit = self.protocol.start()
                     log_ids = [u.log_id for u in unit.updates]
-                    await self._retrying("start", lambda: self.db("start_unit", self.name, unit.order, log_ids), always)
+                    await self._retrying(
+                        "start", partial(self.db, "start_unit", self.name, unit.order, log_ids), always
+                    )
                 self.counters.units_started += 1
                 self._spawn(unit)
             self._shelve_if_held()

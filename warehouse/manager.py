@@ -232,7 +232,11 @@ class Manager:
 
     # -- sources ----------------------------------------------------------------------------
     async def add_source(
-        self, name: str, wrapper_url: str, capture: str = "trigger", tables: list[str] | None = None,
+        self,
+        name: str,
+        wrapper_url: str,
+        capture: str = "trigger",
+        tables: list[str] | None = None,
         manager_token: str | None = None,
     ) -> dict[str, RelationInfo]:
         """Register a source; ``manager_token`` is the bearer token its wrapper expects from
@@ -333,7 +337,9 @@ class Manager:
                     check(plan.name, plan.output_names, types)
                 except StoreError as exc:
                     raise ManagerError(str(exc), 422) from exc
-            info = ViewInfo(plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time())
+            info = ViewInfo(
+                plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time()
+            )
             handle = self._new_handle(info, plan, ViewProtocol(parallelism, batch_size, switches=self.switches))
             self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
             try:
@@ -372,9 +378,16 @@ class Manager:
 
     def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
         settings = ViewSettings(
-            info.parallelism, info.batch_size, info.commit_mode, self.commit_group_size, self.commit_linger, self.backoff
+            info.parallelism,
+            info.batch_size,
+            info.commit_mode,
+            self.commit_group_size,
+            self.commit_linger,
+            self.backoff,
         )
-        maintainer = ViewMaintainer(info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state)
+        maintainer = ViewMaintainer(
+            info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state
+        )
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
     async def _set_state(self, view: str, state: str, error: str | None) -> None:
@@ -436,7 +449,11 @@ class Manager:
         released = {source: self.receiver.released_through(source) for source in after}
         updates = []
         for entry in sorted(entries, key=lambda e: e.id):
-            if entry.seq <= released[entry.source] and entry.id not in skip and (v := handle.extractor(entry)) is not None:
+            if (
+                entry.seq <= released[entry.source]
+                and entry.id not in skip
+                and (v := handle.extractor(entry)) is not None
+            ):
                 updates.append(v)
         return updates
 
@@ -499,9 +516,13 @@ class Manager:
         """The view's signed weights as of W (default), a given order, or every commit."""
         handle = self.view(name)
         if as_of is not None and as_of > handle.maintainer.protocol.watermark:
-            raise ManagerError(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422)
+            raise ManagerError(
+                f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422
+            )
         try:
-            return self.store.read(name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of))
+            return self.store.read(
+                name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
+            )
         except StoreError as exc:
             raise ManagerError(str(exc), 422) from exc
 
@@ -616,9 +637,13 @@ async def _reported_capture(client: SourceClient, name: str) -> str | None:
 
 
 def _identifier(name: str) -> bool:
-    return bool(name) and len(name) <= 64 and (name[0].isalpha() or name[0] == "_") and all(
-        ch.isalnum() or ch == "_" for ch in name
-    ) and name.isascii()
+    return (
+        bool(name)
+        and len(name) <= 64
+        and (name[0].isalpha() or name[0] == "_")
+        and all(ch.isalnum() or ch == "_" for ch in name)
+        and name.isascii()
+    )
 
 
 def _as_table(e: expr.Expr, alias: str, table: str) -> expr.Expr:

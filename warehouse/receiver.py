@@ -118,13 +118,18 @@ class Receiver:
     def forget(self, source: str) -> None:
         self._cursors.pop(source, None)
 
-    def _schemas(self, source: str, updates: Sequence[Update | PlainUpdate]) -> dict[int, dict[str, tuple[frozenset[str], set[str]]]]:
+    def _schemas(
+        self, source: str, updates: Sequence[Update | PlainUpdate]
+    ) -> dict[int, dict[str, tuple[frozenset[str], set[str]]]]:
         """What each update's rows must match: per relation its columns and those a view needs.
         Read on the event loop, where views come and go."""
         if self._relations(source, 0) is None:
             raise ReceiveError(f"unknown source {source!r}")
         return {
-            u.seq: {table: (frozenset(columns), needed) for table, (columns, needed) in self._relations(source, u.seq).items()}
+            u.seq: {
+                table: (frozenset(columns), needed)
+                for table, (columns, needed) in self._relations(source, u.seq).items()
+            }
             for u in updates
         }
 
@@ -133,7 +138,9 @@ class Receiver:
         for change in update.changes:
             known = relations.get(change["relation"])
             if known is None:
-                raise ReceiveError(f"update seq {update.seq} of source {source!r}: unknown relation {change['relation']!r}")
+                raise ReceiveError(
+                    f"update seq {update.seq} of source {source!r}: unknown relation {change['relation']!r}"
+                )
             columns, needed = known
             unknown = change["row"].keys() - columns
             if unknown:
@@ -158,12 +165,18 @@ class Receiver:
                 f"(window {self.window}); the source is waiting for seq {cursor.released_through + 1}"
             )
 
-    def _prepare(self, source: str, updates: Sequence[Update | PlainUpdate], schemas: Mapping[int, Mapping]) -> list[NewUpdate]:
+    def _prepare(
+        self, source: str, updates: Sequence[Update | PlainUpdate], schemas: Mapping[int, Mapping]
+    ) -> list[NewUpdate]:
         """The updates checked against ``schemas`` and as plain data with their digests, one
         per seq. Blocking: CPU in proportion to the batch."""
         prepared: dict[int, NewUpdate] = {}
         for u in updates:
-            plain = u if isinstance(u, PlainUpdate) else PlainUpdate(u.seq, [c.model_dump() for c in u.changes], u.txid, u.captured_at)
+            plain = (
+                u
+                if isinstance(u, PlainUpdate)
+                else PlainUpdate(u.seq, [c.model_dump() for c in u.changes], u.txid, u.captured_at)
+            )
             self._validate(source, plain, schemas[u.seq])
             new = NewUpdate(u.seq, plain.changes, u.txid, u.captured_at, content_digest(plain.changes))
             if prepared.setdefault(u.seq, new).digest != new.digest:

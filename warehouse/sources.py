@@ -101,7 +101,9 @@ class HttpSourceClient:
                 async with self._http().request(method, self._base + path, data=body, headers=headers) as response:
                     payload = await response.read()
                 if response.status >= 500:
-                    raise _ServerFailed(f"source {self.name!r} answered {method} {path} with {response.status}: {_detail(payload)}")
+                    raise _ServerFailed(
+                        f"source {self.name!r} answered {method} {path} with {response.status}: {_detail(payload)}"
+                    )
                 if response.status >= 300:
                     raise SourceError(f"source {self.name!r} refused {method} {path}: {_detail(payload)}")
                 return payload
@@ -128,7 +130,9 @@ class HttpSourceClient:
 
     async def health(self, timeout: float = 2.0) -> dict:
         """The wrapper's ``/v1/health``, asked once without retries (for status pages)."""
-        async with self._http().get(self._base + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+        async with self._http().get(
+            self._base + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
             response.raise_for_status()
             return await response.json()
 

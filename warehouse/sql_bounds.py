@@ -43,7 +43,9 @@ MAX_NESTING = 25
 _OPEN = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.CASE})
 _CLOSE = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.END})
 _PREFIX = frozenset(  # the names vary between sqlglot versions (TILDA, TILDE)
-    getattr(TokenType, name) for name in ("NOT", "DASH", "PLUS", "TILDE", "TILDA", "EXCLAMATION") if hasattr(TokenType, name)
+    getattr(TokenType, name)
+    for name in ("NOT", "DASH", "PLUS", "TILDE", "TILDA", "EXCLAMATION")
+    if hasattr(TokenType, name)
 )
 _PIPE = getattr(TokenType, "PIPE_GT", None)  # sqlglot before 26 does not read pipe syntax at all
 

@@ -40,13 +40,12 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from warehouse import sql_bounds
-
 from warehouse.expr import (
     And,
     Arith,
     Between,
-    Col,
     Cmp,
+    Col,
     Expr,
     InList,
     IsNull,
@@ -144,7 +143,9 @@ def _statement(sql: str) -> tuple[str | None, exp.Select]:
         # sqlglot appends a highlighted excerpt on further lines; the first line says it all.
         raise ViewDefinitionError(f"could not parse the view definition: {str(error).splitlines()[0]}") from error
     except Exception as error:  # sqlglot failing on odd input is still the definition's problem
-        raise ViewDefinitionError(f"could not parse the view definition ({type(error).__name__}: {error})"[:500]) from None
+        raise ViewDefinitionError(
+            f"could not parse the view definition ({type(error).__name__}: {error})"[:500]
+        ) from None
     if not statements:
         raise ViewDefinitionError("the view definition is empty")
     if len(statements) > 1:
@@ -352,9 +353,7 @@ def _conjunct_nodes(node: exp.Expression) -> list[exp.Expression]:
     return [node]
 
 
-def _split_conjuncts(
-    nodes: Sequence[exp.Expression], rels: Sequence[_Relation]
-) -> tuple[dict[str, Expr], list[Expr]]:
+def _split_conjuncts(nodes: Sequence[exp.Expression], rels: Sequence[_Relation]) -> tuple[dict[str, Expr], list[Expr]]:
     """Local predicates by alias (conjoined) and join conjuncts, both in textual order."""
     local: dict[str, list[Expr]] = {}
     join: list[Expr] = []

@@ -151,7 +151,7 @@ class SourceRuns:
 class _Run:
     """One source's updates: three lists kept sorted by seq (orders rise with it)."""
 
-    __slots__ = ("seqs", "orders", "updates")
+    __slots__ = ("orders", "seqs", "updates")
 
     def __init__(self) -> None:
         self.seqs: list[int] = []

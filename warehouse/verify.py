@@ -129,7 +129,9 @@ def reflected_seqs(
     return upto
 
 
-def roll_back(snapshot: ZSet, later: Sequence[LogEntry], delta_of: Callable[[LogEntry], ZSet | None]) -> tuple[ZSet, int]:
+def roll_back(
+    snapshot: ZSet, later: Sequence[LogEntry], delta_of: Callable[[LogEntry], ZSet | None]
+) -> tuple[ZSet, int]:
     """The snapshot without the changes of ``later`` updates (as the view sees them)."""
     out = snapshot.copy()
     used = 0
@@ -206,13 +208,17 @@ def _frame(spark: SparkSession, columns: Sequence[str], contents: ZSet, notes: l
     return spark.createDataFrame(table, schema=schema)
 
 
-def spark_recompute(spark: SparkSession, plan: ViewPlan, contents: Mapping[tuple[str, str], ZSet], notes: list[str]) -> ZSet:
+def spark_recompute(
+    spark: SparkSession, plan: ViewPlan, contents: Mapping[tuple[str, str], ZSet], notes: list[str]
+) -> ZSet:
     session = spark.newSession()  # temporary views of its own, the catalog shared
     prefix = f"pvm_verify_{uuid.uuid4().hex[:10]}"
     names: dict[tuple[str, str], str] = {}
     for i, r in enumerate(plan.relations):
         name = f"{prefix}_{i}"
-        _frame(session, r.columns, contents[(r.source, r.table)], notes, f"{r.source}.{r.table}").createOrReplaceTempView(name)
+        _frame(
+            session, r.columns, contents[(r.source, r.table)], notes, f"{r.source}.{r.table}"
+        ).createOrReplaceTempView(name)
         names[(r.source, r.table)] = name
     try:
         result = session.sql(spark_select(plan, names)).toArrow()

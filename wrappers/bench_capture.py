@@ -54,13 +54,21 @@ ANCHORS = {
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pg-url", default=PG_URL, help=f"PostgreSQL server to use (default: {PG_URL})")
     parser.add_argument("--mariadb-url", default=MARIADB_URL, help=f"MariaDB server to use (default: {MARIADB_URL})")
-    parser.add_argument("--transactions", type=int, default=1200, help="write cost: transactions per run (default: 1200)")
+    parser.add_argument(
+        "--transactions", type=int, default=1200, help="write cost: transactions per run (default: 1200)"
+    )
     parser.add_argument("--statements", type=int, default=4, help="write cost: statements per transaction (default: 4)")
     parser.add_argument("--connections", type=int, default=4, help="write cost: concurrent connections (default: 4)")
     parser.add_argument("--rows", type=int, default=5000, help="write cost: rows in the table (default: 5000)")
-    parser.add_argument("--rounds", type=int, default=3, help="write cost: runs with and without capture, each (default: 3)")
-    parser.add_argument("--view-transactions", type=int, default=500, help="freshness: random source transactions (default: 500)")
-    parser.add_argument("--marker-interval", type=float, default=0.05, help="freshness: seconds between markers (default: 0.05)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="write cost: runs with and without capture, each (default: 3)"
+    )
+    parser.add_argument(
+        "--view-transactions", type=int, default=500, help="freshness: random source transactions (default: 500)"
+    )
+    parser.add_argument(
+        "--marker-interval", type=float, default=0.05, help="freshness: seconds between markers (default: 0.05)"
+    )
     parser.add_argument("--skip-write-cost", action="store_true", help="measure freshness only")
     parser.add_argument("--skip-freshness", action="store_true", help="measure the write cost only")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -69,7 +77,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if min(args.transactions, args.statements, args.connections, args.rows, args.rounds, args.view_transactions) < 1:
-        raise CliError("--transactions, --statements, --connections, --rows, --rounds and --view-transactions must be >= 1")
+        raise CliError(
+            "--transactions, --statements, --connections, --rows, --rounds and --view-transactions must be >= 1"
+        )
     results: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")}}
     with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
         if not args.skip_write_cost:
@@ -140,7 +150,10 @@ def reset_table(url: str, rows: int) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE IF EXISTS w")
         conn.exec_driver_sql("CREATE TABLE w (id BIGINT PRIMARY KEY, a INTEGER, b VARCHAR(40))")
-        conn.execute(sa.text("INSERT INTO w VALUES (:id, :a, :b)"), [{"id": i, "a": i % 97, "b": f"row {i}"} for i in range(1, rows + 1)])
+        conn.execute(
+            sa.text("INSERT INTO w VALUES (:id, :a, :b)"),
+            [{"id": i, "a": i % 97, "b": f"row {i}"} for i in range(1, rows + 1)],
+        )
     engine.dispose()
 
 
@@ -160,7 +173,10 @@ def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
                     for _ in range(args.statements):
                         action = rng.random()
                         if action < 0.5:
-                            conn.execute(sa.text("UPDATE w SET a = a + 1, b = :b WHERE id = :id"), {"b": f"v{rng.random()}", "id": rng.randint(1, args.rows)})
+                            conn.execute(
+                                sa.text("UPDATE w SET a = a + 1, b = :b WHERE id = :id"),
+                                {"b": f"v{rng.random()}", "id": rng.randint(1, args.rows)},
+                            )
                         elif action < 0.75:
                             conn.execute(sa.text("INSERT INTO w VALUES (:id, 1, 'new')"), {"id": next(fresh)})
                         else:
@@ -236,7 +252,9 @@ async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any
         "oracle": "passed",
         "compensations": maintainer.counters.compensations,
         "freshness_seconds": {
-            source: {"p50": _quantile(v, 0.5), "p95": _quantile(v, 0.95), "max": max(v)} for source, v in lags.items() if v
+            source: {"p50": _quantile(v, 0.5), "p95": _quantile(v, 0.95), "max": max(v)}
+            for source, v in lags.items()
+            if v
         },
     }
 
@@ -249,7 +267,9 @@ def add_anchors(urls: dict[str, str]) -> None:
         for table, row in rows:
             engine = sa.create_engine(urls[by_table[table]])
             with engine.begin() as conn:
-                conn.execute(sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row)
+                conn.execute(
+                    sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row
+                )
             engine.dispose()
 
 
@@ -272,7 +292,9 @@ def write_markers(urls: dict[str, str], interval: float, stop: threading.Event, 
             row = rows[source](key)
             table = TABLES[source][0]
             with engines[source].begin() as conn:
-                conn.execute(sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row)
+                conn.execute(
+                    sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row
+                )
             commits.append((source, key, time.perf_counter()))
             time.sleep(interval)
     finally:

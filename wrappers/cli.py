@@ -81,7 +81,9 @@ MANAGER_TOKEN = SecretOption(
     "(without one the wrapper answers anyone)",
 )  # fmt: skip
 APPLICATION_TOKEN = SecretOption(
-    "--application-token", APPLICATION_TOKEN_ENV, "application capture: secret the application must send with its changes"
+    "--application-token",
+    APPLICATION_TOKEN_ENV,
+    "application capture: secret the application must send with its changes",
 )
 
 
@@ -135,7 +137,9 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     from wrappers.capture.snapshots import ALGORITHMS
 
     snapshot = parser.add_argument_group("snapshot capture")
-    snapshot.add_argument("--dump-dir", type=Path, help="read <table>.csv or <table>.parquet dumps from this directory instead of --url")
+    snapshot.add_argument(
+        "--dump-dir", type=Path, help="read <table>.csv or <table>.parquet dumps from this directory instead of --url"
+    )
     snapshot.add_argument(
         "--key", type=_table_option, action="append", default=[], metavar="TABLE=COL[,COL]",
         help="key columns of a table (default: its primary key); repeat for each table",
@@ -144,15 +148,27 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         "--dump-types", type=_table_option, action="append", default=[], metavar="TABLE=COL:TYPE[,COL:TYPE]",
         help="CSV dumps: column types (integer, float, boolean, date, text; default text)",
     )  # fmt: skip
-    snapshot.add_argument("--snapshot-interval", type=_positive_float, help="seconds between two snapshots (default: 60)")
+    snapshot.add_argument(
+        "--snapshot-interval", type=_positive_float, help="seconds between two snapshots (default: 60)"
+    )
     snapshot.add_argument(
         "--diff-algorithm", choices=ALGORITHMS,
         help="the differential algorithm (default: auto)",
     )  # fmt: skip
-    snapshot.add_argument("--range-rows", type=_positive_int, help="range-checksums: rows per key range (default: 10000)")
-    snapshot.add_argument("--diff-memory-mb", type=_positive_int, help="memory of a differential, beyond which it spills to disk (default: 256)")
-    snapshot.add_argument("--aging-records", type=_positive_int, help="window algorithm: records each aging buffer holds (default: 65536)")
-    snapshot.add_argument("--checksum-bits", type=_positive_int, help="partitioned hash: bits of each record's checksum (default: 64)")
+    snapshot.add_argument(
+        "--range-rows", type=_positive_int, help="range-checksums: rows per key range (default: 10000)"
+    )
+    snapshot.add_argument(
+        "--diff-memory-mb",
+        type=_positive_int,
+        help="memory of a differential, beyond which it spills to disk (default: 256)",
+    )
+    snapshot.add_argument(
+        "--aging-records", type=_positive_int, help="window algorithm: records each aging buffer holds (default: 65536)"
+    )
+    snapshot.add_argument(
+        "--checksum-bits", type=_positive_int, help="partitioned hash: bits of each record's checksum (default: 64)"
+    )
     parser.epilog = CAPTURE_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
@@ -252,9 +268,13 @@ def _capture_config(args: argparse.Namespace):
         types = {table: _column_types(table, spec) for table, spec in args.dump_types}
         snapshot = SnapshotOptions(keys=keys, dump_types=types, **given)
         if (snapshot.dump_dir is None) == (args.url is None):
-            raise CliError(f"snapshot capture reads either --url (--url-file, ${SOURCE_URL_ENV}) or --dump-dir: give exactly one")
+            raise CliError(
+                f"snapshot capture reads either --url (--url-file, ${SOURCE_URL_ENV}) or --dump-dir: give exactly one"
+            )
     elif given or args.key or args.dump_types:
-        raise CliError("--dump-dir, --key, --dump-types and the snapshot and differential options need --capture snapshot")
+        raise CliError(
+            "--dump-dir, --key, --dump-types and the snapshot and differential options need --capture snapshot"
+        )
     elif args.url is None:
         raise CliError(f"{args.capture} capture needs --url (or --url-file, or ${SOURCE_URL_ENV})")
     return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds, snapshot)
@@ -366,7 +386,5 @@ def _serve(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    server = uvicorn_server(
-        create_app(wrapper, manager_token=args.manager_token, application_token=application_token)
-    )
+    server = uvicorn_server(create_app(wrapper, manager_token=args.manager_token, application_token=application_token))
     return asyncio.run(serve_until_stopped(server, sock, f"wrapper {args.source} listening on {http_url(sock)}"))

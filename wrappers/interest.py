@@ -52,7 +52,9 @@ class ChangeFilter:
             table.check_columns(wanted.columns)
             layout = {Col(name, c): i for i, c in enumerate(table.columns)}
             tests = [_compile_predicate(p, table, layout) for p in wanted.where]
-            relations[name] = RelationFilter(table, lambda row, tests=tests: any(t(row) for t in tests), tuple(wanted.columns))
+            relations[name] = RelationFilter(
+                table, lambda row, tests=tests: any(t(row) for t in tests), tuple(wanted.columns)
+            )
         return cls(relations)
 
     def changes(self, rows: Iterable[OutboxRow], fit: Fitness) -> list[Change]:
@@ -89,8 +91,6 @@ def _compile_predicate(
         raise InvalidRequest(f"malformed predicate for relation {table.name!r}: {exc}") from exc
     for col in columns(expr):
         if col.relation != table.name:
-            raise InvalidRequest(
-                f"predicate for relation {table.name!r} reads column {col.name!r} of {col.relation!r}"
-            )
+            raise InvalidRequest(f"predicate for relation {table.name!r} reads column {col.name!r} of {col.relation!r}")
     table.check_columns([c.name for c in columns(expr)])
     return compile_filter(expr, layout)

@@ -97,7 +97,9 @@ class Unfit(Exception):
     """A row the views cannot take, and why (for the quarantine's report)."""
 
     def __init__(self, relation: str, column: str | None, value: Any, why: str) -> None:
-        super().__init__(f"{relation}.{column} = {preview(value)}: {why}" if column is not None else f"{relation}: {why}")
+        super().__init__(
+            f"{relation}.{column} = {preview(value)}: {why}" if column is not None else f"{relation}: {why}"
+        )
         self.relation = relation
         self.column = column
         self.value = value
@@ -168,14 +170,26 @@ class RowCheck:
             row[self._columns[i]] = float(values[i])
         for i in plan.booleans:
             if values[i] not in (0, 1):
-                raise Unfit(self.relation, self._columns[i], values[i], f"{values[i]} in a column declared {self._types[i]} (0 or 1)")
+                raise Unfit(
+                    self.relation,
+                    self._columns[i],
+                    values[i],
+                    f"{values[i]} in a column declared {self._types[i]} (0 or 1)",
+                )
         for i in plan.non_finite:
             if values[i] not in _POSTGRESQL_NON_FINITE:
-                raise Unfit(self.relation, self._columns[i], values[i], f"a text value in a column declared {self._types[i]}")
+                raise Unfit(
+                    self.relation, self._columns[i], values[i], f"a text value in a column declared {self._types[i]}"
+                )
             row[self._columns[i]] = _POSTGRESQL_NON_FINITE[values[i]]
         for i in plan.texts:
             if len(values[i]) > self._fast_chars and (size := utf8_size(values[i])) > self._max_bytes:
-                raise Unfit(self.relation, self._columns[i], values[i], f"{size} bytes, above --max-value-bytes {self._max_bytes}")
+                raise Unfit(
+                    self.relation,
+                    self._columns[i],
+                    values[i],
+                    f"{size} bytes, above --max-value-bytes {self._max_bytes}",
+                )
         return row
 
     def _make_plan(self, kinds: tuple[type, ...]) -> _Plan:
@@ -190,7 +204,9 @@ class RowCheck:
                     non_finite.append(i)
             elif self._dialect == "sqlite":
                 if kind not in _PYTHON_TYPES[family]:
-                    return _Plan(unfit=(i, f"a {_KINDS.get(kind, kind.__name__)} value in a column declared {self._types[i]}"))
+                    return _Plan(
+                        unfit=(i, f"a {_KINDS.get(kind, kind.__name__)} value in a column declared {self._types[i]}")
+                    )
                 if family == "float" and kind is int:
                     to_float.append(i)
                 elif family == "boolean":
@@ -213,7 +229,11 @@ def fit_clause(
     conditions = [
         condition
         for name, type_name in zip(table.columns, table.types)
-        if (condition := _fits(column(name), type_name, _stored(table, name, type_name, dialect, affinities), max_value_bytes))
+        if (
+            condition := _fits(
+                column(name), type_name, _stored(table, name, type_name, dialect, affinities), max_value_bytes
+            )
+        )
         is not None
     ]
     return sa.and_(*conditions) if conditions else None
@@ -242,7 +262,10 @@ def _fits(value: Any, type_name: str, stored: str, max_value_bytes: int) -> sa.C
     size = sa.func.length(sa.cast(value, sa.LargeBinary))  # bytes of a text or a blob
     if stored == "text" and family in ("text", "date", None):
         # Mostly one length(): short enough as text and as a blob's hex form, else text within the limit.
-        return sa.or_(sa.func.coalesce(size, 0) <= max_value_bytes // 2, sa.and_(size <= max_value_bytes, sa.func.typeof(value) == "text"))
+        return sa.or_(
+            sa.func.coalesce(size, 0) <= max_value_bytes // 2,
+            sa.and_(size <= max_value_bytes, sa.func.typeof(value) == "text"),
+        )
     kind = sa.func.typeof(value)
     if family in ("integer", "float", "numeric"):
         return kind.in_(("null", *_SQLITE_TYPES[family]))

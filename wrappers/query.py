@@ -96,13 +96,22 @@ def prepare(
     table = schema.table(subquery.relation)
     table.check_columns(subquery.select)
     on_json, where_json = _canonical(subquery.on), _canonical(subquery.where)
-    on, where = _clauses(on_json, where_json, dialect)
+    on, _where = _clauses(on_json, where_json, dialect)
     width = len(subquery.keys[0]) if subquery.keys else _key_width(on)  # one width: Subquery checks it
     families = (
         tuple(_key_family(j, subquery, table, on) for j in range(width)) if dialect in _BINARY_COLLATION else None
     )
     shape = _shape(
-        table, subquery.alias, on_json, where_json, tuple(subquery.select), width, families, dialect, max_value_bytes, affinities
+        table,
+        subquery.alias,
+        on_json,
+        where_json,
+        tuple(subquery.select),
+        width,
+        families,
+        dialect,
+        max_value_bytes,
+        affinities,
     )
     return PreparedQuery(subquery.keys, shape)
 
@@ -232,7 +241,7 @@ class _Binary(sa.sql.expression.ColumnElement[Any]):
     Its cache key is the column's and the collation, so a statement holding it has one too,
     and SQLAlchemy compiles each ``QueryShape``'s statement once per engine, not per call."""
 
-    _traverse_internals = [
+    _traverse_internals = [  # noqa: RUF012 (SQLAlchemy reads it)
         ("column", InternalTraversal.dp_clauseelement),
         ("collation", InternalTraversal.dp_string),
     ]
@@ -332,7 +341,7 @@ def _compared_family(on: Expr | None, key: str, alias: str, table: TableSchema) 
                 if other.name in table.columns:
                     return family_of(table.types[table.columns.index(other.name)])
         return None
-    for child in (on.args if isinstance(on, (And, Or)) else (on.arg,) if isinstance(on, Not) else ()):
+    for child in on.args if isinstance(on, (And, Or)) else (on.arg,) if isinstance(on, Not) else ():
         found = _compared_family(child, key, alias, table)
         if found is not None:
             return found

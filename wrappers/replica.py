@@ -124,7 +124,9 @@ class Replica:
 
     def meta(self, key: str) -> str | None:
         with self.engine.connect() as conn:
-            return conn.execute(sa.text(f"SELECT value FROM {META} WHERE key = :key"), {"key": key}).scalar_one_or_none()
+            return conn.execute(
+                sa.text(f"SELECT value FROM {META} WHERE key = :key"), {"key": key}
+            ).scalar_one_or_none()
 
     def rows(self, relation: str, keys: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The current rows of ``relation`` with the given primary keys, by key."""
@@ -151,7 +153,9 @@ class Replica:
                     try:
                         conn.execute(self._tables[relation].insert(), batch)
                     except sa.exc.IntegrityError as exc:
-                        raise InvalidRequest(f"{relation!r}: two rows with the same key, or a NULL key ({exc.orig})") from None
+                        raise InvalidRequest(
+                            f"{relation!r}: two rows with the same key, or a NULL key ({exc.orig})"
+                        ) from None
             self._set_meta(conn, {**meta, "loaded": "1"})
 
     def apply(self, changes: Sequence[RowChange], meta: Mapping[str, str] = {}) -> None:

@@ -57,9 +57,7 @@ class SourceSchema:
         try:
             return self.tables[name]
         except KeyError:
-            raise InvalidRequest(
-                f"unknown relation {name!r} (captured: {', '.join(sorted(self.tables))})"
-            ) from None
+            raise InvalidRequest(f"unknown relation {name!r} (captured: {', '.join(sorted(self.tables))})") from None
 
 
 def _type_name(sql_type: sa.types.TypeEngine) -> str:

@@ -61,7 +61,9 @@ class Shipper:
             with attempt:
                 through = await self._post(batch, updates[0].seq, last_seq)
                 if attempt.retry_state.attempt_number > 1:
-                    log.info("shipping to %s recovered after %d attempts", self._url, attempt.retry_state.attempt_number)
+                    log.info(
+                        "shipping to %s recovered after %d attempts", self._url, attempt.retry_state.attempt_number
+                    )
         return through
 
     async def _post(self, body: str, first: int, last_seq: int) -> int:

@@ -155,7 +155,9 @@ class WrapperState:
     def deletable_ids(self) -> list[int]:
         """Remembered outbox rows that are acknowledged or filtered away: safe to delete."""
         with self._mutex:
-            rows = self._db.execute("SELECT outbox_id FROM captured WHERE seq <= ? ORDER BY outbox_id", (self.acked_through,))
+            rows = self._db.execute(
+                "SELECT outbox_id FROM captured WHERE seq <= ? ORDER BY outbox_id", (self.acked_through,)
+            )
             return [i for (i,) in rows]
 
     def deletable_through(self) -> int:

@@ -56,7 +56,9 @@ def create(urls: dict[str, str], rng: random.Random, rows: int = 8) -> None:
         engine = sa.create_engine(url)
         with engine.begin() as conn:
             conn.exec_driver_sql(ddl)
-            insert = sa.text(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})")
+            insert = sa.text(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})"
+            )
             conn.execute(insert, [random_row(table, k, rng) for k in range(1, rows + 1)])
         engine.dispose()
 
@@ -67,7 +69,9 @@ def read_live(urls: dict[str, str]) -> dict[tuple[str, str], ZSet]:
         table, _, columns = TABLES[source]
         engine = sa.create_engine(url)
         with engine.connect() as conn:
-            out[(source, table)] = ZSet.from_rows(tuple(r) for r in conn.execute(sa.text(f"SELECT {', '.join(columns)} FROM {table}")))
+            out[(source, table)] = ZSet.from_rows(
+                tuple(r) for r in conn.execute(sa.text(f"SELECT {', '.join(columns)} FROM {table}"))
+            )
         engine.dispose()
     return out
 
@@ -89,7 +93,11 @@ def transaction(conn: sa.Connection, table: str, rng: random.Random, fresh: iter
                 conn.execute(sa.text(f"UPDATE {table} SET {sets} WHERE id = :id"), row)
             elif action < 0.8:
                 target = rng.choice(KEYS)  # a key change, into the keys writers use or out of them
-                new = target if conn.execute(sa.text(f"SELECT 1 FROM {table} WHERE id = :id"), {"id": target}).first() is None else next(fresh)
+                new = (
+                    target
+                    if conn.execute(sa.text(f"SELECT 1 FROM {table} WHERE id = :id"), {"id": target}).first() is None
+                    else next(fresh)
+                )
                 conn.execute(sa.text(f"UPDATE {table} SET id = :new WHERE id = :id"), {"new": new, "id": key})
             else:
                 conn.execute(sa.text(f"DELETE FROM {table} WHERE id = :id"), {"id": key})
@@ -150,7 +158,9 @@ class WrapperSet:
         self.deployment = deployment
         self._started: dict[str, dict[str, Any]] = {}
 
-    async def add(self, name: str, url: str, tables: list[str], capture: str = "trigger", **wrapper_options: Any) -> Any:
+    async def add(
+        self, name: str, url: str, tables: list[str], capture: str = "trigger", **wrapper_options: Any
+    ) -> Any:
         """Start and register a wrapper; ``capture`` names its method (its ``capture_args``
         among ``wrapper_options`` say how)."""
         from api.auth import issue
@@ -193,7 +203,7 @@ async def check_oracle(manager: Any, view: str, initial: dict[tuple[str, str], Z
     entries = {e.id: e for s in log for e in log[s]}
     upto = dict(bases)
     contents = {k: z.copy() for k, z in initial.items()}
-    applied = {s: 0 for s in TABLES}
+    applied = dict.fromkeys(TABLES, 0)
     for unit in units:
         for i in unit.log_ids:
             upto[entries[i].source] = max(upto[entries[i].source], entries[i].seq)

@@ -196,7 +196,12 @@ class Wrapper:
                 # once, and let health show it while it lasts.
                 failure = self._failing.get(what)
                 if failure is None:
-                    log.exception("%s (source %s) failed; retrying every %.2f s", what, self.config.source, self.config.poll_interval)
+                    log.exception(
+                        "%s (source %s) failed; retrying every %.2f s",
+                        what,
+                        self.config.source,
+                        self.config.poll_interval,
+                    )
                     failure = self._failing[what] = LoopFailure(time.time())
                 failure.attempts += 1
                 failure.error = f"{type(exc).__name__}: {reason(exc)}"[:1000]  # no SQL, no parameters
@@ -226,7 +231,9 @@ class Wrapper:
     async def _ship_pending(self) -> None:
         """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
         assert self._shipper is not None, "start() the wrapper first"
-        while self.state.has_pending and (batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post)):
+        while self.state.has_pending and (
+            batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
+        ):
             through = await self._shipper.send(batch, self.state.last_seq)
             self._shipped_through = max(self._shipped_through, batch[-1].seq)
             await asyncio.to_thread(self.state.ack, through)
@@ -271,7 +278,9 @@ class Wrapper:
         finally:
             snapshot.close()
         elapsed_ms = (time.perf_counter() - started) * 1000
-        return SubqueryAnswer.model_construct(watermark=watermark, rows=rows, elapsed_ms=elapsed_ms)  # rows: wire values
+        return SubqueryAnswer.model_construct(
+            watermark=watermark, rows=rows, elapsed_ms=elapsed_ms
+        )  # rows: wire values
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:

@@ -44,7 +44,9 @@ def _sealer(tokens: list, action: str):
 
 def upgrade() -> None:
     bind = op.get_bind()
-    clear = bind.execute(sa.select(SOURCES.c.name, SOURCES.c.manager_token).where(SOURCES.c.manager_token.is_not(None))).all()
+    clear = bind.execute(
+        sa.select(SOURCES.c.name, SOURCES.c.manager_token).where(SOURCES.c.manager_token.is_not(None))
+    ).all()
     sealer = _sealer(clear, "sealing")
     op.add_column("sources", sa.Column("sealed_manager_token", sa.Text, nullable=True))
     for name, token in clear:

@@ -50,18 +50,38 @@ GOALS = {"grouped_rows_per_s": 50_000, "speedup": 20.0, "freshness_p99_s": 2.0}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rate", type=float, default=200.0, help="source transactions per second, over all three sources (default: 200)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=200.0,
+        help="source transactions per second, over all three sources (default: 200)",
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the writer runs (default: 20)")
     parser.add_argument("--rows", type=int, default=2000, help="customers, products and initial orders (default: 2000)")
     parser.add_argument("--parallelism", type=int, default=4, help="PPU size p of the view (default: 4)")
-    parser.add_argument("--batch-size", type=int, default=20, help="queued updates of one source maintained as one unit (default: 20)")
-    parser.add_argument("--effects-per-group", type=int, default=200, help="grouped commits: effects per append (default: 200)")
-    parser.add_argument("--rows-per-effect", type=int, default=100, help="grouped commits: rows per effect (default: 100)")
+    parser.add_argument(
+        "--batch-size", type=int, default=20, help="queued updates of one source maintained as one unit (default: 20)"
+    )
+    parser.add_argument(
+        "--effects-per-group", type=int, default=200, help="grouped commits: effects per append (default: 200)"
+    )
+    parser.add_argument(
+        "--rows-per-effect", type=int, default=100, help="grouped commits: rows per effect (default: 100)"
+    )
     parser.add_argument("--groups", type=int, default=5, help="grouped commits: timed appends (default: 5)")
-    parser.add_argument("--single-effects", type=int, default=20, help="one effect per append: timed appends (default: 20)")
-    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between the Spark SQL reader's polls (default: 1)")
+    parser.add_argument(
+        "--single-effects", type=int, default=20, help="one effect per append: timed appends (default: 20)"
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=1.0, help="seconds between the Spark SQL reader's polls (default: 1)"
+    )
     parser.add_argument("--skip-freshness", action="store_true", help="measure the commit rates only")
-    parser.add_argument("--data-dir", type=Path, default=None, help="where sources, catalog and Spark files go (default: a temporary directory)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where sources, catalog and Spark files go (default: a temporary directory)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
     parser.add_argument("--seed", type=int, default=1)
 
@@ -69,7 +89,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.rate <= 0 or args.seconds <= 0 or args.rows < 10:
         raise CliError("need --rate > 0, --seconds > 0 and --rows >= 10")
-    if min(args.effects_per_group, args.rows_per_effect, args.groups, args.single_effects, args.parallelism, args.batch_size) < 1:
+    if (
+        min(
+            args.effects_per_group,
+            args.rows_per_effect,
+            args.groups,
+            args.single_effects,
+            args.parallelism,
+            args.batch_size,
+        )
+        < 1
+    ):
         raise CliError("the sizes and counts must be >= 1")
     if args.data_dir is None:
         with tempfile.TemporaryDirectory(prefix="pvm-bench-commit-") as tmp:
@@ -103,7 +133,11 @@ def measure(args: argparse.Namespace, data_dir: Path) -> dict:
             groups=args.groups,
             single_effects=args.single_effects,
         )
-    figures = {"machine": {"cores": os.cpu_count()}, "commit": {k: round(v, 3) for k, v in commit.items()}, "goals": GOALS}
+    figures = {
+        "machine": {"cores": os.cpu_count()},
+        "commit": {k: round(v, 3) for k, v in commit.items()},
+        "goals": GOALS,
+    }
     if not args.skip_freshness:
         figures["freshness"] = asyncio.run(Freshness(args, data_dir, store, console).run())
     return figures
@@ -133,7 +167,10 @@ def write_transactions(paths: dict[str, str], rows: int, rate: float, seconds: f
             if source == "shop":
                 next_order += 1
                 with db:
-                    db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_order, rng.randint(1, rows), rng.randint(1, rows), rng.randint(1, 5)))
+                    db.execute(
+                        "INSERT INTO orders VALUES (?, ?, ?, ?)",
+                        (next_order, rng.randint(1, rows), rng.randint(1, rows), rng.randint(1, 5)),
+                    )
                 markers.put(("order", next_order, time.time()))
             else:
                 key = rng.randint(1, rows)
@@ -146,7 +183,13 @@ def write_transactions(paths: dict[str, str], rows: int, rate: float, seconds: f
         elapsed = time.monotonic() - started
         for db in connections.values():
             db.close()
-    markers.put(("done", {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late}, None))
+    markers.put(
+        (
+            "done",
+            {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late},
+            None,
+        )
+    )
 
 
 # -- freshness ---------------------------------------------------------------------------------------
@@ -233,7 +276,6 @@ class Freshness:
             del self.store.publish, self.store.commit
 
     async def _run(self, paths: dict[str, Path], compactor) -> dict:
-        from pvm.local import LocalDeployment
         from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings
 
         # SQL readers query the views in the analysts' query process, as in the service
@@ -269,7 +311,7 @@ class Freshness:
                     await deployment.wait_shipped()
                     await manager.wait_idle(VIEW, timeout=300)
                     deadline = time.monotonic() + 60
-                    while time.monotonic() < deadline and (
+                    while time.monotonic() < deadline and (  # noqa: ASYNC110 (conditions in three processes)
                         self.store.published(VIEW) != manager.watermark(VIEW)
                         or not self.analysts.shown()
                         or (self.ledger.pending() and not self._all_pending_superseded())
@@ -316,9 +358,14 @@ class Freshness:
         n, rng = self.args.rows, self.rng
         paths = empty_sources(self.data_dir, prefix="fresh-")
         with sqlite3.connect(paths["crm"]) as db:
-            db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(i, f"c{i}", rng.choice("NSEW")) for i in range(1, n + 1)])
+            db.executemany(
+                "INSERT INTO customers VALUES (?, ?, ?)", [(i, f"c{i}", rng.choice("NSEW")) for i in range(1, n + 1)]
+            )
         with sqlite3.connect(paths["inventory"]) as db:
-            db.executemany("INSERT INTO products VALUES (?, ?, ?)", [(i, f"p{i}", round(rng.uniform(1, 100), 2)) for i in range(1, n + 1)])
+            db.executemany(
+                "INSERT INTO products VALUES (?, ?, ?)",
+                [(i, f"p{i}", round(rng.uniform(1, 100), 2)) for i in range(1, n + 1)],
+            )
         with sqlite3.connect(paths["shop"]) as db:  # every customer and product has an order
             db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", [(i, i, n + 1 - i, 1) for i in range(1, n + 1)])
         return paths
@@ -331,7 +378,14 @@ class Freshness:
         markers = context.Queue()
         writer = context.Process(
             target=write_transactions,
-            args=({s: str(p) for s, p in paths.items()}, self.args.rows, self.args.rate, self.args.seconds, self.args.seed, markers),
+            args=(
+                {s: str(p) for s, p in paths.items()},
+                self.args.rows,
+                self.args.rate,
+                self.args.seconds,
+                self.args.seed,
+                markers,
+            ),
             name="bench-writer",
             daemon=True,
         )
@@ -360,8 +414,7 @@ class Freshness:
     def _all_pending_superseded(self) -> bool:
         with self.ledger.lock:
             return all(
-                m.seen_at is not None or self.ledger.latest.get(m.key) != name
-                for name, m in self.ledger.names.items()
+                m.seen_at is not None or self.ledger.latest.get(m.key) != name for name, m in self.ledger.names.items()
             ) and all(m.seen_at is not None for m in self.ledger.orders.values())
 
     # -- the reader -----------------------------------------------------------------------------------
@@ -401,9 +454,14 @@ class Freshness:
 
     def _figures(self, writer: dict, status: dict, visible: dict) -> dict:
         ledger = self.ledger
-        keyed = [*((("order", k), m) for k, m in ledger.orders.items()), *((("name", k), m) for k, m in ledger.names.items())]
+        keyed = [
+            *((("order", k), m) for k, m in ledger.orders.items()),
+            *((("name", k), m) for k, m in ledger.names.items()),
+        ]
         exact = sorted(visible[k].published - m.committed_at for k, m in keyed if k in visible)
-        early = sum(1 for k, m in keyed if k in visible and m.seen_at is not None and m.seen_at < visible[k].published - 0.05)
+        early = sum(
+            1 for k, m in keyed if k in visible and m.seen_at is not None and m.seen_at < visible[k].published - 0.05
+        )
         stages = {}
         for name, start, end in STAGES:
             legs = sorted(
@@ -496,7 +554,9 @@ def report(figures: dict) -> None:
             f"unseen, {p['never_seen']} never seen, {p['seen_before_publish']} seen before their publish)",
         )
         t.add_row("reader poll period (p50 / max)", f"{f['poll_period_p50_s']:.3f} / {f['poll_period_max_s']} s")
-        t.add_row("failed reads", str(f["read_errors"]) + (f" (first: {f['first_read_error']})" if f["read_errors"] else ""))
+        t.add_row(
+            "failed reads", str(f["read_errors"]) + (f" (first: {f['first_read_error']})" if f["read_errors"] else "")
+        )
         t.add_row("units / commit groups", f"{f['view']['units_committed']} / {f['view']['commit_groups']}")
         t.add_row(
             "Spark append / publish (mean)",

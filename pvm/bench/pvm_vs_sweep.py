@@ -35,9 +35,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=60, help="n: updates queued before maintenance (default: 60)")
     parser.add_argument("--rows", type=int, default=5000, help="rows per relation (default: 5000)")
     parser.add_argument("--delay-ms", type=float, default=50.0, help="injected cost of every subquery (default: 50)")
-    parser.add_argument("--per-source-queries", type=int, default=1, help="q: subqueries a source answers at once (default: 1)")
-    parser.add_argument("--parallelism", default="1,2,3,4,6,8,10", help="comma list of PPU sizes p (default: 1,2,3,4,6,8,10)")
-    parser.add_argument("--commit-modes", default="out_of_order,arrival", help="comma list of commit modes to measure (default: out_of_order,arrival)")
+    parser.add_argument(
+        "--per-source-queries", type=int, default=1, help="q: subqueries a source answers at once (default: 1)"
+    )
+    parser.add_argument(
+        "--parallelism", default="1,2,3,4,6,8,10", help="comma list of PPU sizes p (default: 1,2,3,4,6,8,10)"
+    )
+    parser.add_argument(
+        "--commit-modes",
+        default="out_of_order,arrival",
+        help="comma list of commit modes to measure (default: out_of_order,arrival)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here; a PNG plot goes next to it")
     parser.add_argument("--seed", type=int, default=1)
 
@@ -104,15 +112,21 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                 # right neighbour) and by B (from its left one)
                 db.execute(f"CREATE INDEX R{i}_a ON R{i} (A)")
                 db.execute(f"CREATE INDEX R{i}_b ON R{i} (B)")
-                db.executemany(f"INSERT INTO R{i} VALUES (?, ?)", [(rng.randrange(domain), rng.randrange(domain)) for _ in range(args.rows)])
+                db.executemany(
+                    f"INSERT INTO R{i} VALUES (?, ?)",
+                    [(rng.randrange(domain), rng.randrange(domain)) for _ in range(args.rows)],
+                )
             paths.append(path)
         seconds: dict[tuple[str, int], float] = {}
         waits: dict[tuple[str, int], float] = {}
         async with LocalDeployment(data) as deployment:
             for i, path in enumerate(paths, start=1):
                 await deployment.add_sqlite_source(
-                    f"s{i}", path, [f"R{i}"],
-                    query_delay_ms=args.delay_ms, max_concurrent_queries=args.per_source_queries,
+                    f"s{i}",
+                    path,
+                    [f"R{i}"],
+                    query_delay_ms=args.delay_ms,
+                    max_concurrent_queries=args.per_source_queries,
                 )
             manager = deployment.manager
             with Progress() as progress:
@@ -120,7 +134,9 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                 for p in ps:
                     for mode in modes:
                         name = f"chain_p{p}_{mode}"
-                        await manager.define_view(chain_view(name, m, p), parallelism=p, batch_size=1, commit_mode=mode)  # as the paper runs it
+                        await manager.define_view(
+                            chain_view(name, m, p), parallelism=p, batch_size=1, commit_mode=mode
+                        )  # as the paper runs it
                         await manager.wait_idle(name, timeout=600)
                         maintainer = manager.view(name).maintainer
                         manager.pause_view(name)
@@ -133,7 +149,9 @@ async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> 
                         if maintainer.failed:
                             raise CliError(f"maintenance failed: {maintainer.failed}")
                         if maintainer.counters.units_committed < n + 1:
-                            raise CliError(f"expected {n} updates maintained at p={p}, got {maintainer.counters.units_committed - 1}")
+                            raise CliError(
+                                f"expected {n} updates maintained at p={p}, got {maintainer.counters.units_committed - 1}"
+                            )
                         waits[mode, p] = maintainer.counters.commit_wait.total / n
                         await manager.drop_view(name)
                         progress.update(task, advance=1, description=f"T({p}) {mode} = {seconds[mode, p]:.2f} s")
@@ -175,7 +193,9 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"PVM vs SWEEP: m={args.sources} sources, n={args.updates} updates, {args.delay_ms:g} ms/subquery, q={args.per_source_queries}")
+    table = Table(
+        title=f"PVM vs SWEEP: m={args.sources} sources, n={args.updates} updates, {args.delay_ms:g} ms/subquery, q={args.per_source_queries}"
+    )
     arrival = "arrival_seconds" in results[0]
     columns = ["p", "T(p) s", "speedup T(1)/T(p)", "model (eq. 15)", "commit wait ms"]
     if arrival:
@@ -183,7 +203,13 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
     for col in columns:
         table.add_column(col, justify="right")
     for r in results:
-        cells = [str(r["p"]), f"{r['seconds']:.2f}", f"{r['speedup']:.2f}", f"{r['model_speedup']:.2f}", f"{r['commit_wait_ms']:.1f}"]
+        cells = [
+            str(r["p"]),
+            f"{r['seconds']:.2f}",
+            f"{r['speedup']:.2f}",
+            f"{r['model_speedup']:.2f}",
+            f"{r['commit_wait_ms']:.1f}",
+        ]
         if arrival:
             cells += [f"{r['arrival_seconds']:.2f}", f"{r['arrival_commit_wait_ms']:.1f}"]
         table.add_row(*cells)

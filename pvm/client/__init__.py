@@ -24,7 +24,11 @@ API_TOKEN = SecretOption("--token", TOKEN_ENV, "bearer token")
 def connection_options(parser: argparse.ArgumentParser) -> None:
     """``--manager``, ``--token`` (``--token-file``), ``--timeout`` and ``--json`` on a (sub)command."""
     group = parser.add_argument_group("connection")
-    group.add_argument("--manager", default=os.environ.get(MANAGER_ENV, DEFAULT_MANAGER), help=f"the manager's URL (default: ${MANAGER_ENV} or {DEFAULT_MANAGER})")
+    group.add_argument(
+        "--manager",
+        default=os.environ.get(MANAGER_ENV, DEFAULT_MANAGER),
+        help=f"the manager's URL (default: ${MANAGER_ENV} or {DEFAULT_MANAGER})",
+    )
     API_TOKEN.add_to(group)
     group.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer (default: 60)")
     parser.add_argument("--json", action="store_true", help="print the API's JSON answer instead of a table")
@@ -54,7 +58,9 @@ class Api:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise CliError(f"cannot reach the manager at {self.base} ({exc}); start it with `pvm serve` or set --manager / ${MANAGER_ENV}") from exc
+            raise CliError(
+                f"cannot reach the manager at {self.base} ({exc}); start it with `pvm serve` or set --manager / ${MANAGER_ENV}"
+            ) from exc
         if response.status_code >= 400:
             raise CliError(self._message(response))
         if not response.content:
@@ -88,7 +94,9 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str = "(none)") -> None:
+def print_table(
+    title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str = "(none)"
+) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -10,7 +10,10 @@ from pvm.client import Api, connection_options, print_json, print_table
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sql", help='one SELECT over views, e.g. "SELECT region, COUNT(*) FROM order_details GROUP BY region"; - reads stdin')
+    parser.add_argument(
+        "sql",
+        help='one SELECT over views, e.g. "SELECT region, COUNT(*) FROM order_details GROUP BY region"; - reads stdin',
+    )
     parser.add_argument("--limit", type=int, default=None, help="at most this many rows")
     connection_options(parser)
 

@@ -40,8 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add.add_argument("--tables", default=None, help="comma-separated tables to use (default: every captured table)")
     MANAGER_TOKEN.add_to(add)
-    listing = sub.add_parser("list", help="list sources", description="Every source: wrapper, capture, relations, last seq received.")
-    show = sub.add_parser("show", help="show a source and its wrapper's health", description="One source and its wrapper's health.")
+    listing = sub.add_parser(
+        "list", help="list sources", description="Every source: wrapper, capture, relations, last seq received."
+    )
+    show = sub.add_parser(
+        "show", help="show a source and its wrapper's health", description="One source and its wrapper's health."
+    )
     show.add_argument("name")
     for p in (add, listing, show):
         connection_options(p)
@@ -53,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
             problem = wrapper_url_problem(args.wrapper_url, "--url")
             if problem is not None:
                 raise CliError(problem)
-            body = {"name": args.name, "wrapper_url": args.wrapper_url, "capture": args.capture, "tables": comma_list(args.tables)}
+            body = {
+                "name": args.name,
+                "wrapper_url": args.wrapper_url,
+                "capture": args.capture,
+                "tables": comma_list(args.tables),
+            }
             manager_token = MANAGER_TOKEN.value(args)
             if manager_token:
                 body["manager_token"] = manager_token
@@ -71,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
                 print_table(
                     "sources",
                     ["name", "wrapper", "capture", "relations", "last seq"],
-                    [(s["name"], s["wrapper_url"], s["capture"], ", ".join(sorted(s["relations"])), s["last_seq"]) for s in sources],
+                    [
+                        (s["name"], s["wrapper_url"], s["capture"], ", ".join(sorted(s["relations"])), s["last_seq"])
+                        for s in sources
+                    ],
                 )
             return 0
         source = api.get(f"/v1/sources/{args.name}")

@@ -10,7 +10,7 @@ only then), so ``export PVM_TOKEN=$(pvm token create --role admin --data-dir var
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pvm.cli import CliError
@@ -22,18 +22,33 @@ ROLES = ("admin", "analyst", "wrapper")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="token_command", required=True, metavar="ACTION")
-    create = sub.add_parser("create", help="create a token (printed once)", description="Create a bearer token; it is printed on stdout, once.")
-    create.add_argument("--role", required=True, choices=ROLES, help="admin: everything; analyst: read views and query; wrapper: post one source's updates")
+    create = sub.add_parser(
+        "create",
+        help="create a token (printed once)",
+        description="Create a bearer token; it is printed on stdout, once.",
+    )
+    create.add_argument(
+        "--role",
+        required=True,
+        choices=ROLES,
+        help="admin: everything; analyst: read views and query; wrapper: post one source's updates",
+    )
     create.add_argument("--source", default=None, help="for --role wrapper: the source it may post for")
     create.add_argument("--name", default="", help="a label to recognize the token by")
-    listing = sub.add_parser("list", help="list tokens (never their secrets)", description="List every token, revoked ones included.")
+    listing = sub.add_parser(
+        "list", help="list tokens (never their secrets)", description="List every token, revoked ones included."
+    )
     revoke = sub.add_parser("revoke", help="revoke a token", description="Revoke a token: it stops working.")
     revoke.add_argument("id", type=int, help="the token's id (see `pvm token list`; a token reads pvm_<id>_…)")
     for p in (create, listing, revoke):
         local = p.add_argument_group("directly on the catalog (no running manager needed)")
         local.add_argument("--data-dir", type=Path, default=None, help="the manager's data directory (its catalog.db)")
-        local.add_argument("--catalog", default=None, help="SQLAlchemy URL of the catalog database (or --catalog-file FILE)")
-        local.add_argument("--catalog-file", type=Path, default=None, metavar="FILE", help="read --catalog from the first line of FILE")
+        local.add_argument(
+            "--catalog", default=None, help="SQLAlchemy URL of the catalog database (or --catalog-file FILE)"
+        )
+        local.add_argument(
+            "--catalog-file", type=Path, default=None, metavar="FILE", help="read --catalog from the first line of FILE"
+        )
         connection_options(p)
 
 
@@ -97,8 +112,10 @@ def _created(args: argparse.Namespace, info: dict, token: str) -> int:
         return 0
     print(token)
     bound = f" for source {info['source']}" if info.get("source") else ""
-    done(f"created token {info['id']} ({info['role']}{bound}); it is shown only now. Use it with --token or PVM_TOKEN"
-         + (" (a wrapper: --token or PVM_WRAPPER_TOKEN)." if info["role"] == "wrapper" else "."))
+    done(
+        f"created token {info['id']} ({info['role']}{bound}); it is shown only now. Use it with --token or PVM_TOKEN"
+        + (" (a wrapper: --token or PVM_WRAPPER_TOKEN)." if info["role"] == "wrapper" else ".")
+    )
     return 0
 
 
@@ -123,4 +140,4 @@ def _revoked(args: argparse.Namespace, info: dict) -> int:
 
 
 def _when(ts: float | None) -> str:
-    return "" if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return "" if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M")

@@ -24,17 +24,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     define.add_argument("--name", default=None, help="the view's name (default: from CREATE VIEW)")
     define.add_argument("--parallelism", type=int, default=4, help="PPU size p; 1 is SWEEP (default: 4)")
     define.add_argument(
-        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
         help=f"at most this many queued updates of one source per unit; a backlog is spread over the free PPU slots (default: {DEFAULT_BATCH_SIZE}; 1: one update per unit)",
     )
-    define.add_argument("--commit-mode", choices=["out_of_order", "arrival"], default="out_of_order", help="PVM (out_of_order, default) or PVM-CC (arrival)")
+    define.add_argument(
+        "--commit-mode",
+        choices=["out_of_order", "arrival"],
+        default="out_of_order",
+        help="PVM (out_of_order, default) or PVM-CC (arrival)",
+    )
     define.add_argument("--wait", action="store_true", help="show progress until the initial load is committed")
-    define.add_argument("--wait-timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds (default: 3600)")
+    define.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=3600.0,
+        help="with --wait: give up after this many seconds (default: 3600)",
+    )
 
-    listing = sub.add_parser("list", help="list views", description="Every view with its state, watermark, lag and rows.")
-    show = sub.add_parser("show", help="show a view's status", description="A view's state, watermark W, pending updates, lag, rows, counters.")
+    listing = sub.add_parser(
+        "list", help="list views", description="Every view with its state, watermark, lag and rows."
+    )
+    show = sub.add_parser(
+        "show",
+        help="show a view's status",
+        description="A view's state, watermark W, pending updates, lag, rows, counters.",
+    )
     show.add_argument("name")
-    rows = sub.add_parser("rows", help="read a view's rows", description="The view as of its watermark W (default), an earlier order, or latest.")
+    rows = sub.add_parser(
+        "rows",
+        help="read a view's rows",
+        description="The view as of its watermark W (default), an earlier order, or latest.",
+    )
     rows.add_argument("name")
     rows.add_argument("--as-of", type=int, default=None, help="an order number <= W still stored")
     rows.add_argument("--latest", action="store_true", help="include effects committed out of order")
@@ -42,9 +64,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     rows.add_argument("--offset", type=int, default=0, help="rows to skip (default: 0)")
     drop = sub.add_parser("drop", help="drop a view", description="Stop maintaining a view and delete its contents.")
     drop.add_argument("name")
-    pause = sub.add_parser("pause", help="pause maintenance of a view", description="Updates keep being queued; none is maintained.")
+    pause = sub.add_parser(
+        "pause", help="pause maintenance of a view", description="Updates keep being queued; none is maintained."
+    )
     pause.add_argument("name")
-    resume = sub.add_parser("resume", help="resume maintenance of a view", description="Maintain the queued updates again.")
+    resume = sub.add_parser(
+        "resume", help="resume maintenance of a view", description="Maintain the queued updates again."
+    )
     resume.add_argument("name")
     for p in (define, listing, show, rows, drop, pause, resume):
         connection_options(p)
@@ -64,8 +90,16 @@ def run(args: argparse.Namespace) -> int:
                     "views",
                     ["name", "state", "W", "pending", "lag", "rows", "p", "mode"],
                     [
-                        (v["name"], v["state"], v["watermark"], v["updates_pending"],
-                         f"{v['lag_updates']} upd, {v['lag_seconds']:.1f} s", v["row_count"], v["parallelism"], v["commit_mode"])
+                        (
+                            v["name"],
+                            v["state"],
+                            v["watermark"],
+                            v["updates_pending"],
+                            f"{v['lag_updates']} upd, {v['lag_seconds']:.1f} s",
+                            v["row_count"],
+                            v["parallelism"],
+                            v["commit_mode"],
+                        )
                         for v in views
                     ],
                 )
@@ -86,7 +120,12 @@ def run(args: argparse.Namespace) -> int:
             else:
                 state = "latest" if page["as_of"] is None else f"as of {page['as_of']} (W = {page['watermark']})"
                 shown = f"{page['offset'] + 1}-{page['offset'] + len(page['rows'])}" if page["rows"] else "none"
-                print_table(f"{page['view']} {state}: rows {shown} of {page['total']}", page["columns"], page["rows"], empty="(no rows)")
+                print_table(
+                    f"{page['view']} {state}: rows {shown} of {page['total']}",
+                    page["columns"],
+                    page["rows"],
+                    empty="(no rows)",
+                )
             return 0
         if command == "drop":
             api.delete(f"/v1/views/{args.name}")
@@ -105,7 +144,13 @@ def _define(api: Api, args: argparse.Namespace) -> int:
             raise CliError(f"cannot read {args.file}: {exc}") from exc
     else:
         sql = args.sql
-    body = {"sql": sql, "name": args.name, "parallelism": args.parallelism, "batch_size": args.batch_size, "commit_mode": args.commit_mode}
+    body = {
+        "sql": sql,
+        "name": args.name,
+        "parallelism": args.parallelism,
+        "batch_size": args.batch_size,
+        "commit_mode": args.commit_mode,
+    }
     view = api.post("/v1/views", body)
     name = view["name"]
     if args.wait:
@@ -115,7 +160,9 @@ def _define(api: Api, args: argparse.Namespace) -> int:
     elif view["state"] == "failed":
         raise CliError(f"view {name} failed: {view['error']}")
     else:
-        done(f"view {name} defined: {view['state']}" + ("" if args.wait else f" (follow it with `pvm view show {name}`)"))
+        done(
+            f"view {name} defined: {view['state']}" + ("" if args.wait else f" (follow it with `pvm view show {name}`)")
+        )
     return 0
 
 
@@ -124,7 +171,9 @@ def wait_initialized(api: Api, name: str, timeout: float, interval: float = 0.5)
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     deadline = time.monotonic() + timeout
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=False) as progress:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=False
+    ) as progress:
         task = progress.add_task(f"materializing {name}", total=None)
         while True:
             view = api.get(f"/v1/views/{name}")
@@ -134,7 +183,12 @@ def wait_initialized(api: Api, name: str, timeout: float, interval: float = 0.5)
                 f"{view['units_running']} running",
             )
             if view["state"] != "initializing":
-                progress.update(task, total=1, completed=1, description=f"{name}: {view['state']}, W = {view['watermark']}, {view['row_count']} rows")
+                progress.update(
+                    task,
+                    total=1,
+                    completed=1,
+                    description=f"{name}: {view['state']}, W = {view['watermark']}, {view['row_count']} rows",
+                )
                 return view
             if time.monotonic() > deadline:
                 raise CliError(f"view {name} is still initializing after {timeout:.0f} s (see `pvm view show {name}`)")
@@ -156,11 +210,19 @@ def _show(view: dict) -> None:
     print_fields(
         f"view {view['name']}",
         [
-            ("state", view["state"] + (f": {view['error']}" if view.get("error") else "") + (" (paused)" if view["paused"] else "")),
+            (
+                "state",
+                view["state"]
+                + (f": {view['error']}" if view.get("error") else "")
+                + (" (paused)" if view["paused"] else ""),
+            ),
             *_trouble(view),
             ("watermark W", view["watermark"]),
             ("rows", f"{view['row_count']} (as of {view['row_count_as_of']})"),
-            ("updates pending", f"{view['updates_pending']} ({view['updates_queued']} queued, {view['units_running']} of {view['parallelism']} PPU slots busy)"),
+            (
+                "updates pending",
+                f"{view['updates_pending']} ({view['updates_queued']} queued, {view['units_running']} of {view['parallelism']} PPU slots busy)",
+            ),
             ("lag", f"{view['lag_updates']} updates, {view['lag_seconds']:.2f} s"),
             ("updates received", c["updates_received"]),
             ("units maintained / committed", f"{c['units_maintained']} / {c['units_committed']}"),

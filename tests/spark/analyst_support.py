@@ -23,7 +23,9 @@ def join_sql(view: str) -> str:
 async def sim_manager(tmp_path: Path, store, seed: int = 1, analysts=None):
     """A started manager over two loaded in-process sources; ``analysts``: its analysts'
     query process (the store must be subscribed to it)."""
-    manager, sources = await start_sim_manager(tmp_path / f"catalog-{uuid.uuid4().hex[:8]}.db", TABLES, store, seed=seed)
+    manager, sources = await start_sim_manager(
+        tmp_path / f"catalog-{uuid.uuid4().hex[:8]}.db", TABLES, store, seed=seed
+    )
     manager.analysts = analysts
     rng = random.Random(seed)
     sources["s1"].load("r", [(i, rng.randrange(4)) for i in range(1, 13)])
@@ -50,7 +52,9 @@ async def settle(manager, store, view: str, timeout: float = 60.0) -> None:
 
     await manager.wait_idle(view, timeout=timeout)
     deadline = asyncio.get_running_loop().time() + timeout
-    while store.published(view) != manager.watermark(view) or not (manager.analysts is None or manager.analysts.shown()):
+    while store.published(view) != manager.watermark(view) or not (
+        manager.analysts is None or manager.analysts.shown()
+    ):
         assert asyncio.get_running_loop().time() < deadline, "the watermark was not published"
         await asyncio.sleep(0.02)
 
@@ -59,4 +63,6 @@ async def api_client(manager) -> httpx.AsyncClient:
     """A client of the manager's app (not started by it: the manager already runs)."""
     _, token = await issue(manager, "admin")
     transport = httpx.ASGITransport(app=create_app(manager))
-    return httpx.AsyncClient(transport=transport, base_url="http://manager", headers={"Authorization": f"Bearer {token}"})
+    return httpx.AsyncClient(
+        transport=transport, base_url="http://manager", headers={"Authorization": f"Bearer {token}"}
+    )

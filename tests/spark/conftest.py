@@ -16,9 +16,7 @@ from warehouse.store.spark_session import get_spark
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning"
-    )
+    config.addinivalue_line("filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ from warehouse.store.spark import SparkStore
 pytestmark = pytest.mark.spark
 
 
-async def test_query_rows_and_names_over_http(spark: SparkSession, analyst_store: SparkStore, analysts, tmp_path, view: str) -> None:
+async def test_query_rows_and_names_over_http(
+    spark: SparkSession, analyst_store: SparkStore, analysts, tmp_path, view: str
+) -> None:
     manager, sources = await sim_manager(tmp_path, analyst_store, analysts=analysts)
     try:
         await manager.define_view(join_sql(view), name=view, parallelism=2)
@@ -28,25 +30,30 @@ async def test_query_rows_and_names_over_http(spark: SparkSession, analyst_store
                 await s.ship()
         await settle(manager, analyst_store, view)
         # the column types come from the sources' (INTEGER) types
-        assert spark.table(SparkStore.zlog_table(view)).dtypes[:3] == [("id", "bigint"), ("b", "bigint"), ("c", "bigint")]
+        assert spark.table(SparkStore.zlog_table(view)).dtypes[:3] == [
+            ("id", "bigint"),
+            ("b", "bigint"),
+            ("c", "bigint"),
+        ]
         expected = sorted(analyst_store.read_rows(view))
         async with await api_client(manager) as api:
             # a query over the view sees the view as of W, bag semantics
-            answer = await api.post("/v1/query", json={"sql": f"SELECT id, b, c FROM {view} ORDER BY id, b, c", "limit": 10_000})
+            answer = await api.post(
+                "/v1/query", json={"sql": f"SELECT id, b, c FROM {view} ORDER BY id, b, c", "limit": 10_000}
+            )
             assert answer.status_code == 200, answer.text
             body = answer.json()
             assert body["columns"] == ["id", "b", "c"] and not body["truncated"]
             assert [tuple(r) for r in body["rows"]] == expected
-            answer = await api.post("/v1/query", json={"sql": f"SELECT c, count(*) AS n FROM {view.upper()} GROUP BY c", "limit": 1})
+            answer = await api.post(
+                "/v1/query", json={"sql": f"SELECT c, count(*) AS n FROM {view.upper()} GROUP BY c", "limit": 1}
+            )
             assert answer.status_code == 200 and len(answer.json()["rows"]) == 1
             assert answer.json()["truncated"] == (len({r[2] for r in expected}) > 1)
 
             # nested WITH clauses run where they were written (Spark scopes them lexically):
             # the inner CTE named like the view hides it only inside its subquery
-            nested = (
-                f"SELECT count(*) FROM {view} WHERE id IN "
-                f"(WITH {view} AS (SELECT -1 AS id) SELECT id FROM {view})"
-            )
+            nested = f"SELECT count(*) FROM {view} WHERE id IN (WITH {view} AS (SELECT -1 AS id) SELECT id FROM {view})"
             answer = await api.post("/v1/query", json={"sql": nested})
             assert answer.status_code == 200 and answer.json()["rows"] == [[0]], answer.text
             nested = f"WITH a AS (SELECT * FROM (WITH z AS (SELECT id FROM {view}) SELECT * FROM z) AS t) SELECT count(*) FROM a"

@@ -14,7 +14,9 @@ from warehouse.store.spark import SparkStore
 pytestmark = pytest.mark.spark
 
 
-async def test_environment_words_and_deep_queries_over_http(analyst_store: SparkStore, analysts, tmp_path, view: str) -> None:
+async def test_environment_words_and_deep_queries_over_http(
+    analyst_store: SparkStore, analysts, tmp_path, view: str
+) -> None:
     manager, _ = await sim_manager(tmp_path, analyst_store, analysts=analysts)
     named = f"{view}_u"
     try:
@@ -23,12 +25,18 @@ async def test_environment_words_and_deep_queries_over_http(analyst_store: Spark
         await settle(manager, analyst_store, view)
         await settle(manager, analyst_store, named)
         async with await api_client(manager) as api:
-            for sql in (f"SELECT user FROM {view}", f"SELECT `user` FROM {view}", f"SELECT id FROM {view} WHERE user = 'x'"):
+            for sql in (
+                f"SELECT user FROM {view}",
+                f"SELECT `user` FROM {view}",
+                f"SELECT id FROM {view} WHERE user = 'x'",
+            ):
                 answer = await api.post("/v1/query", json={"sql": sql})
                 assert answer.status_code == 400, answer.text  # it used to answer the service's OS user
                 assert "qualify it" in answer.json()["detail"] and getpass.getuser() not in answer.text
             # a view column named user is read qualified, and is the column
-            answer = await api.post("/v1/query", json={"sql": f"SELECT {named}.user FROM {named} ORDER BY {named}.id", "limit": 100})
+            answer = await api.post(
+                "/v1/query", json={"sql": f"SELECT {named}.user FROM {named} ORDER BY {named}.id", "limit": 100}
+            )
             assert answer.status_code == 200, answer.text
             expected = sorted(analyst_store.read_rows(named))
             assert [r[0] for r in answer.json()["rows"]] == [b for _, b in expected]

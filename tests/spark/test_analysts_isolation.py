@@ -27,9 +27,11 @@ GRACE_S = 3.0
 
 # Twelve chained CTEs, each twice the one before: the plan doubles at every step and Spark's
 # driver works on it far longer than any timeout, without starting a job to cancel.
-EXPLODING_PLAN = "WITH c0 AS (SELECT id FROM {view}), " + ", ".join(
-    f"c{i} AS (SELECT id FROM c{i - 1} UNION ALL SELECT id FROM c{i - 1})" for i in range(1, 13)
-) + " SELECT count(*) FROM c12"
+EXPLODING_PLAN = (
+    "WITH c0 AS (SELECT id FROM {view}), "
+    + ", ".join(f"c{i} AS (SELECT id FROM c{i - 1} UNION ALL SELECT id FROM c{i - 1})" for i in range(1, 13))
+    + " SELECT count(*) FROM c12"
+)
 # A ten-way cross join (some 10^10 rows): jobs whose tasks run for hours unless interrupted.
 ENDLESS_JOIN = "SELECT count(*) FROM " + ", ".join("{view} " + alias for alias in "abcdefghij")
 
@@ -65,7 +67,9 @@ async def running_view(tmp_path, store: SparkStore, analysts: AnalystProcess, vi
 
 def client_of(manager, token: str) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=create_app(manager))
-    return httpx.AsyncClient(transport=transport, base_url="http://manager", headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    return httpx.AsyncClient(
+        transport=transport, base_url="http://manager", headers={"Authorization": f"Bearer {token}"}, timeout=120
+    )
 
 
 async def wait_until(predicate, timeout: float, what: str) -> None:
@@ -137,7 +141,9 @@ async def test_a_plan_that_never_finishes_is_ended_and_health_answers_meanwhile(
             assert slowest < 0.5, f"health took {slowest:.2f} s while the query ran"
             await maintained_meanwhile(manager, sources, spark_store, view)
             # the driver never stopped working on the plan: the process is ended
-            await wait_until(lambda: small_analysts.restarts > restarts, GRACE_S + 30, "the query process was restarted")
+            await wait_until(
+                lambda: small_analysts.restarts > restarts, GRACE_S + 30, "the query process was restarted"
+            )
             assert "still ran" in (small_analysts.last_exit or "")
     finally:
         await manager.stop()

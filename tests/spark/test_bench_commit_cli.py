@@ -4,6 +4,7 @@ manual run, see docs/spark.md)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -20,7 +21,10 @@ def test_bench_commit_measures_rates_and_freshness(spark, tmp_path, monkeypatch)
 
     def keep_traces(self: Freshness, writer: dict, status: dict, visible: dict) -> dict:
         ledger = self.ledger
-        markers = [*((("order", k), m) for k, m in ledger.orders.items()), *((("name", k), m) for k, m in ledger.names.items())]
+        markers = [
+            *((("order", k), m) for k, m in ledger.orders.items()),
+            *((("name", k), m) for k, m in ledger.names.items()),
+        ]
         traced.extend((m.committed_at, visible[k]) for k, m in markers if k in visible)
         return figures_of(self, writer, status, visible)
 
@@ -53,9 +57,12 @@ def test_bench_commit_measures_rates_and_freshness(spark, tmp_path, monkeypatch)
     legs: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
     for committed_at, trace in traced:
         instants = [committed_at, trace.received, trace.started, trace.committed, trace.published]
-        steps = [later - earlier for earlier, later in zip(instants, instants[1:])]
+        steps = [later - earlier for earlier, later in itertools.pairwise(instants)]
         assert all(step > 0 for step in steps[1:]), instants
-        way = {name: getattr(trace, end) - (committed_at if start == "source" else getattr(trace, start)) for name, start, end in STAGES}
+        way = {
+            name: getattr(trace, end) - (committed_at if start == "source" else getattr(trace, start))
+            for name, start, end in STAGES
+        }
         assert list(way.values()) == steps, (way, instants)
         assert sum(way.values()) == pytest.approx(trace.published - committed_at, abs=1e-6)
         for name, leg in way.items():
@@ -63,6 +70,9 @@ def test_bench_commit_measures_rates_and_freshness(spark, tmp_path, monkeypatch)
     # and the figures reported are these legs' quantiles, and the whole way's
     for name, values in legs.items():
         values.sort()
-        assert stages[name] == {"p50_s": round(_quantile(values, 0.5), 3), "p99_s": round(_quantile(values, 0.99), 3)}, name
+        assert stages[name] == {
+            "p50_s": round(_quantile(values, 0.5), 3),
+            "p99_s": round(_quantile(values, 0.99), 3),
+        }, name
     totals = sorted(trace.published - committed_at for committed_at, trace in traced)
     assert (fresh["p50_s"], fresh["max_s"]) == (round(_quantile(totals, 0.5), 3), round(totals[-1], 3))

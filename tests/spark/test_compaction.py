@@ -55,9 +55,7 @@ def test_compaction_keeps_every_readable_state(
     store, view, before = compacted
     assert states(store, view, range(5, 9)) | {-1: store.read(view)} == before
     assert sorted(store.read_rows(view)) == sorted(before[5].expand())
-    assert sorted(tuple(r) for r in spark.sql(f"SELECT * FROM {view}").collect()) == sorted(
-        before[5].expand()
-    )
+    assert sorted(tuple(r) for r in spark.sql(f"SELECT * FROM {view}").collect()) == sorted(before[5].expand())
     zlog_orders = spark.sql(f"SELECT DISTINCT _order FROM {SparkStore.zlog_table(view)}")
     assert sorted(r[0] for r in zlog_orders.collect()) == [6, 7, 8]
 
@@ -161,9 +159,7 @@ def test_commit_during_compaction_is_not_lost(
     def write_while_committing(self: SparkStore, *args: object) -> None:
         # Commits from another thread land between the snapshot and the swap; order 3 is a
         # duplicate of a folded order, order 7 ≤ nothing yet published.
-        committer = threading.Thread(
-            target=lambda: self.commit(view, [effect(6), effect(3), effect(7)])
-        )
+        committer = threading.Thread(target=lambda: self.commit(view, [effect(6), effect(3), effect(7)]))
         committer.start()
         write(self, *args)
         committer.join()

@@ -131,7 +131,11 @@ def test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm(tmp_path: P
         wait_for("readiness", lambda: http.get("/v1/ready").status_code == 200, 180)
         assert http.get("/v1/views", headers=admin).json() == []
         assert http.get("/v1/health").json() | {"sources": 0} == {
-            "ok": True, "starting": False, "sources": 0, "views": 0, "problems": []
+            "ok": True,
+            "starting": False,
+            "sources": 0,
+            "views": 0,
+            "problems": [],
         }
 
         manager_token = secrets.token_urlsafe(32)
@@ -143,12 +147,17 @@ def test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm(tmp_path: P
             "name": "shop", "wrapper_url": wrapper.url, "tables": ["items"], "manager_token": manager_token,
         })  # fmt: skip
         assert added.status_code == 201, added.text
-        defined = http.post("/v1/views", headers=admin, json={"sql": "SELECT id, qty FROM shop.items WHERE qty > 0", "name": "stock"})
+        defined = http.post(
+            "/v1/views", headers=admin, json={"sql": "SELECT id, qty FROM shop.items WHERE qty > 0", "name": "stock"}
+        )
         assert defined.status_code == 201, defined.text
         loaded = ("active", 1, 2)  # a count may lag W by a few seconds: Spark counts are reused meanwhile
         wait_for(
             "the initial load",
-            lambda: tuple(http.get("/v1/views/stock", headers=admin).json()[k] for k in ("state", "watermark", "row_count")) == loaded,
+            lambda: (
+                tuple(http.get("/v1/views/stock", headers=admin).json()[k] for k in ("state", "watermark", "row_count"))
+                == loaded
+            ),
             120,
         )
 
@@ -159,7 +168,9 @@ def test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm(tmp_path: P
         os.kill(jvms[0], signal.SIGKILL)  # as an executor's out-of-memory exit takes it down
 
         not_ready = wait_for("readiness to fail", lambda: (r := http.get("/v1/ready")).status_code == 503 and r, 30)
-        assert "the view store does not answer: the Spark JVM does not answer" in not_ready.json()["detail"], not_ready.text
+        assert "the view store does not answer: the Spark JVM does not answer" in not_ready.json()["detail"], (
+            not_ready.text
+        )
         assert any("Spark JVM does not answer" in p for p in http.get("/v1/health").json()["problems"])
 
         with sqlite3.connect(shop) as db:

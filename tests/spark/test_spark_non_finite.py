@@ -37,7 +37,9 @@ def test_non_finite_floats_survive_commit_and_read(
     expected = canonical([(1, NAN), (3, -math.inf), (4, 0.5)])
     assert canonical(spark_store.read_rows(view)) == expected
     assert canonical(r for r in spark.sql(f"SELECT * FROM {view}").collect()) == canonical(in_sql)
-    assert canonical(spark_store.read_rows(view, as_of=1)) == canonical([(1, NAN), (1, NAN), (2, math.inf), (3, -math.inf), (4, 0.5)])
+    assert canonical(spark_store.read_rows(view, as_of=1)) == canonical(
+        [(1, NAN), (1, NAN), (2, math.inf), (3, -math.inf), (4, 0.5)]
+    )
 
 
 @pytest.mark.parametrize("value_type", ["DOUBLE", None])

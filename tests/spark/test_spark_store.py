@@ -20,9 +20,7 @@ def sql_rows(spark: SparkSession, view: str) -> list[tuple]:
     return sorted(tuple(r) for r in spark.sql(f"SELECT * FROM {view}").collect())
 
 
-def test_sql_view_shows_the_published_state_as_a_bag(
-    spark: SparkSession, spark_store: SparkStore, view: str
-) -> None:
+def test_sql_view_shows_the_published_state_as_a_bag(spark: SparkSession, spark_store: SparkStore, view: str) -> None:
     spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
     spark_store.commit(view, [Effect(1, ZSet({(1, "a"): 3, (2, "b"): 1}))])
     spark_store.commit(view, [Effect(2, ZSet({(2, "b"): -2, (3, "c"): 1}))])
@@ -54,17 +52,13 @@ def test_untyped_columns_round_trip_python_scalars(spark_store: SparkStore, view
     spark_store.commit(view, [Effect(1, ZSet.from_rows(rows))])
     back = spark_store.read(view)
     assert back == ZSet.from_rows(rows)
-    assert {(type(v), label) for v, label in back.rows()} == {
-        (type(v), label) for v, label in rows
-    }
+    assert {(type(v), label) for v, label in back.rows()} == {(type(v), label) for v, label in rows}
     with pytest.raises(StoreError):
         spark_store.commit(view, [Effect(2, ZSet({((1, 2), "tuple"): 1}))])
     assert spark_store.committed_orders(view) == {1}
 
 
-def test_typed_columns_keep_their_types(
-    spark: SparkSession, spark_store: SparkStore, view: str
-) -> None:
+def test_typed_columns_keep_their_types(spark: SparkSession, spark_store: SparkStore, view: str) -> None:
     spark_store.create(view, ["n", "x", "s", "b"], types=["BIGINT", "DOUBLE", "STRING", "BOOLEAN"])
     rows = [(1, 2.5, "a", True), (None, None, None, None)]
     spark_store.commit(view, [Effect(1, ZSet.from_rows(rows))])
@@ -84,9 +78,7 @@ def test_typed_columns_keep_their_types(
         spark_store.create(view, ["n", "x", "s", "b"], types=["INT", "DOUBLE", "STRING", "BOOLEAN"])
 
 
-@pytest.mark.parametrize(
-    "name", ["select", "From", "1view", "my-view", "a b", "", "pvm_base_x", "PVM_ZLOG_y"]
-)
+@pytest.mark.parametrize("name", ["select", "From", "1view", "my-view", "a b", "", "pvm_base_x", "PVM_ZLOG_y"])
 def test_names_spark_cannot_serve_are_refused(spark_store: SparkStore, name: str) -> None:
     with pytest.raises(StoreError):
         spark_store.create(name, ["k"])
@@ -108,10 +100,7 @@ def test_a_group_is_one_append(spark_store: SparkStore, view: str) -> None:
     spark_store.create(view, ["k", "name"])
     location = spark_store._state(view).meta.zlog_location
     for group in range(3):
-        effects = [
-            Effect(group * 50 + i, ZSet({(group * 50 + i, "x"): 1, (-i, "y"): 1}))
-            for i in range(1, 51)
-        ]
+        effects = [Effect(group * 50 + i, ZSet({(group * 50 + i, "x"): 1, (-i, "y"): 1})) for i in range(1, 51)]
         spark_store.commit(view, effects)
         assert len(_part_files(location)) == group + 1
     spark_store.commit(view, effects)  # all already committed: no append at all

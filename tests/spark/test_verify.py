@@ -32,7 +32,9 @@ async def _served(tmp_path, store, seed: int = 3):
     sources = {name: SimSource(name, tables, random.Random(rng.random())) for name, tables in TABLES.items()}
     sources["s1"].load("r", [(i, rng.randrange(4)) for i in range(1, 13)])
     sources["s2"].load("s", [(b, rng.randrange(3)) for b in range(4) for _ in range(2)])
-    manager = Manager(f"sqlite:///{tmp_path / f'catalog-{uuid.uuid4().hex[:8]}.db'}", store, connect=lambda n, u: sources[n])
+    manager = Manager(
+        f"sqlite:///{tmp_path / f'catalog-{uuid.uuid4().hex[:8]}.db'}", store, connect=lambda n, u: sources[n]
+    )
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(create_app(manager))
     serving = await start_serving(server, sock)
@@ -48,7 +50,9 @@ async def _pvm(capsys, *argv: str) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-async def test_pvm_verify_passes_then_catches_corruption(spark: SparkSession, spark_store: SparkStore, tmp_path, view: str, capsys) -> None:
+async def test_pvm_verify_passes_then_catches_corruption(
+    spark: SparkSession, spark_store: SparkStore, tmp_path, view: str, capsys
+) -> None:
     manager, sources, url, server, serving = await _served(tmp_path, spark_store)
     try:
         _, token = await issue(manager, "analyst")
@@ -117,7 +121,11 @@ def test_differences_and_reflected_seqs() -> None:
 
     missing, extra, m, e = differences(ZSet({(1,): 2, (2,): 1}), ZSet({(1,): 1, (3,): 1, (2,): 1}), 10)
     assert (missing, extra, m, e) == ([((1,), 1)], [((3,), 1)], 1, 1)
-    entries = {1: LogEntry(1, "a", 5, [], None, 0.0), 2: LogEntry(2, "b", 2, [], None, 0.0), 3: LogEntry(3, "a", 6, [], None, 0.0)}
+    entries = {
+        1: LogEntry(1, "a", 5, [], None, 0.0),
+        2: LogEntry(2, "b", 2, [], None, 0.0),
+        3: LogEntry(3, "a", 6, [], None, 0.0),
+    }
     units = [UnitInfo(1, (), True), UnitInfo(2, (1, 2), True), UnitInfo(3, (3,), True)]
     assert reflected_seqs(units, entries, {"a": 4, "b": 0}, watermark=2) == {"a": 5, "b": 2}
     assert Report("v", ["x"], 1, "python", 0, 0, [], [], 0, 0).equal

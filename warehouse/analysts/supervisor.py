@@ -177,10 +177,23 @@ class AnalystProcess:
     def _command(self) -> list[str]:
         s = self.settings
         command = [
-            sys.executable, "-m", "warehouse.analysts.worker",
-            "--socket", str(self.socket), "--work-dir", str(s.work_dir),
-            "--master", s.master, "--memory", s.memory, "--concurrency", str(s.concurrency),
-            "--connect-port", str(s.connect_port), "--reap-after", str(s.grace_s),
+            sys.executable,
+            "-m",
+            "warehouse.analysts.worker",
+            "--socket",
+            str(self.socket),
+            "--work-dir",
+            str(s.work_dir),
+            "--master",
+            s.master,
+            "--memory",
+            s.memory,
+            "--concurrency",
+            str(s.concurrency),
+            "--connect-port",
+            str(s.connect_port),
+            "--reap-after",
+            str(s.grace_s),
         ]
         for key, value in s.spark_conf.items():
             command += ["--spark-conf", f"{key}={value}"]
@@ -384,7 +397,12 @@ class AnalystProcess:
         with self.admit(who):
             tag = f"pvm-rows-{uuid.uuid4().hex}"
             request = RowsRequest(
-                record=record, as_of=as_of, offset=offset, limit=limit, tag=tag, max_bytes=self.settings.max_result_bytes
+                record=record,
+                as_of=as_of,
+                offset=offset,
+                limit=limit,
+                tag=tag,
+                max_bytes=self.settings.max_result_bytes,
             )
             return RowsResult.model_validate(await self._call("/rows", request.model_dump_json(), tag))
 
@@ -398,7 +416,7 @@ class AnalystProcess:
                     client.post(f"http://analysts{path}", content=body, headers=_JSON),
                     self.settings.timeout_s,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._stop_later(tag)
                 raise QueryTimedOut(
                     f"the query ran longer than {self.settings.timeout_s:.0f} s and was cancelled"

@@ -184,7 +184,7 @@ class Engine:
         return self._tagged(request.tag, work)
 
     def rows(self, request: RowsRequest) -> RowsResult:
-        from warehouse.store.spark import WEIGHT, ViewMeta, RowCodec, sums_sql, visible_sql
+        from warehouse.store.spark import WEIGHT, RowCodec, ViewMeta, sums_sql, visible_sql
 
         meta = ViewMeta.from_record(request.record)
         codec = RowCodec(meta.columns, meta.types)
@@ -194,16 +194,22 @@ class Engine:
             session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView("base")
             session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView("zlog")
             order = ", ".join(f"`{c}` ASC NULLS LAST" for c in meta.columns)
-            page = session.sql(
-                f"SELECT * FROM ({visible_sql('base', 'zlog', meta.columns, request.as_of)}) "
-                f"ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
-            ).toArrow() if request.limit else None
+            page = (
+                session.sql(
+                    f"SELECT * FROM ({visible_sql('base', 'zlog', meta.columns, request.as_of)}) "
+                    f"ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
+                ).toArrow()
+                if request.limit
+                else None
+            )
             total = session.sql(
                 f"SELECT COALESCE(SUM({WEIGHT}), 0) FROM ({sums_sql('base', 'zlog', meta.columns, request.as_of, '> 0')})"
             ).toArrow()
             rows = [] if page is None else [[json_value(v) for v in row] for row in codec.decode(page)]
             fitted, cut = _fit(rows, request.max_bytes)
-            return RowsResult(columns=list(meta.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut)
+            return RowsResult(
+                columns=list(meta.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut
+            )
 
         return self._tagged(request.tag, work)
 
@@ -281,7 +287,11 @@ def create_app(engine: Engine, connect_port: int | None) -> FastAPI:
     async def health() -> WorkerHealth:
         zombies = await engine.in_control(engine.zombie_tasks)
         return WorkerHealth(
-            ready=True, running=engine.running(), zombie_tasks=zombies, views=len(engine.views.names()), connect_port=connect_port
+            ready=True,
+            running=engine.running(),
+            zombie_tasks=zombies,
+            views=len(engine.views.names()),
+            connect_port=connect_port,
         )
 
     @app.post("/publish")

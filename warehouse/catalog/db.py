@@ -19,8 +19,8 @@ from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
-from api.schemas import dumps_wire_json, loads_wire_json
 import migrations
+from api.schemas import dumps_wire_json, loads_wire_json
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
 from warehouse.file_modes import PRIVATE
@@ -179,13 +179,26 @@ class Catalog:
 
     # -- sources -------------------------------------------------------------------------
     def add_source(
-        self, name: str, wrapper_url: str, capture: str, relations: Sequence[RelationInfo], manager_token: str | None = None
+        self,
+        name: str,
+        wrapper_url: str,
+        capture: str,
+        relations: Sequence[RelationInfo],
+        manager_token: str | None = None,
     ) -> None:
         with Session(self.engine) as s, s.begin():
             if s.get(SourceRow, name) is not None:
                 raise CatalogError(f"source {name!r} is already registered")
             sealed = None if manager_token is None else self._sealer().seal(manager_token)
-            s.add(SourceRow(name=name, wrapper_url=wrapper_url, capture=capture, created_at=time.time(), sealed_manager_token=sealed))
+            s.add(
+                SourceRow(
+                    name=name,
+                    wrapper_url=wrapper_url,
+                    capture=capture,
+                    created_at=time.time(),
+                    sealed_manager_token=sealed,
+                )
+            )
             s.flush()  # the relations reference it
             for r in relations:
                 s.add(
@@ -245,8 +258,16 @@ class Catalog:
         with Session(self.engine) as s:
             return {
                 v.name: ViewInfo(
-                    v.name, v.sql, v.parallelism, v.batch_size, v.commit_mode, v.state,
-                    dict(v.bases), v.watermark, v.error, v.created_at,
+                    v.name,
+                    v.sql,
+                    v.parallelism,
+                    v.batch_size,
+                    v.commit_mode,
+                    v.state,
+                    dict(v.bases),
+                    v.watermark,
+                    v.error,
+                    v.created_at,
                 )
                 for v in s.scalars(select(ViewRow))
             }
@@ -269,10 +290,18 @@ class Catalog:
         with Session(self.engine) as s, s.begin():
             wanted = {u.seq: u for u in updates}
             q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
-            stored: dict[int, str | None] = {seq: digest for seq, digest in s.execute(q)}
+            stored: dict[int, str | None] = dict(s.execute(q).tuples().all())
             self._check_same_content(s, source, wanted, stored)
             rows = [
-                LogRow(source=source, seq=u.seq, changes=u.changes, txid=u.txid, captured_at=u.captured_at, received_at=now, digest=u.digest)
+                LogRow(
+                    source=source,
+                    seq=u.seq,
+                    changes=u.changes,
+                    txid=u.txid,
+                    captured_at=u.captured_at,
+                    received_at=now,
+                    digest=u.digest,
+                )
                 for seq, u in sorted(wanted.items())
                 if seq not in stored
             ]
@@ -281,20 +310,26 @@ class Catalog:
             return [LogEntry(r.id, source, r.seq, r.changes, r.captured_at, r.received_at) for r in rows]
 
     @staticmethod
-    def _check_same_content(s: Session, source: str, wanted: dict[int, NewUpdate], stored: dict[int, str | None]) -> None:
+    def _check_same_content(
+        s: Session, source: str, wanted: dict[int, NewUpdate], stored: dict[int, str | None]
+    ) -> None:
         undigested = [seq for seq, digest in stored.items() if digest is None]
         if undigested:
             q = select(LogRow.seq, LogRow.changes).where(LogRow.source == source, LogRow.seq.in_(undigested))
             stored.update((seq, content_digest(changes)) for seq, changes in s.execute(q))
         differing = sorted(seq for seq, digest in stored.items() if digest != wanted[seq].digest)
         if differing:
-            shown = ", ".join(map(str, differing[:10])) + (f" and {len(differing) - 10} more" if len(differing) > 10 else "")
+            shown = ", ".join(map(str, differing[:10])) + (
+                f" and {len(differing) - 10} more" if len(differing) > 10 else ""
+            )
             raise SeqConflict(
                 f"source {source!r}: seq {shown} {'was' if len(differing) == 1 else 'were'} received before with other "
                 "content; a seq names one update for good (the stored one stays)"
             )
 
-    def log_entries(self, source: str | None = None, after_seq: int = 0, ids: Sequence[int] | None = None) -> list[LogEntry]:
+    def log_entries(
+        self, source: str | None = None, after_seq: int = 0, ids: Sequence[int] | None = None
+    ) -> list[LogEntry]:
         with Session(self.engine) as s:
             q = select(LogRow)
             if source is not None:
@@ -327,8 +362,7 @@ class Catalog:
         with Session(self.engine) as s:
             q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
             return [
-                UnitInfo(u.order_no, tuple(u.log_ids), u.committed, u.started_at, u.committed_at)
-                for u in s.scalars(q)
+                UnitInfo(u.order_no, tuple(u.log_ids), u.committed, u.started_at, u.committed_at) for u in s.scalars(q)
             ]
 
     # -- API tokens (hashes only; see api.auth) --------------------------------------------
@@ -379,7 +413,6 @@ def _token_info(row: TokenRow) -> TokenInfo:
     return TokenInfo(row.id, row.role, row.source, row.name, row.created_at, row.revoked_at, row.hash)
 
 
-
 class StoreRecords:
     """The view store's per-view records (table locations, compaction state) kept in the
     catalog database, so a restart re-registers every table from one place."""
@@ -412,6 +445,16 @@ class StoreRecords:
 
 
 __all__ = [
-    "Catalog", "CatalogError", "LogEntry", "NewUpdate", "RelationInfo", "SeqConflict", "StoreRecords",
-    "SourceInfo", "TokenInfo", "UnitInfo", "ViewInfo", "content_digest",
+    "Catalog",
+    "CatalogError",
+    "LogEntry",
+    "NewUpdate",
+    "RelationInfo",
+    "SeqConflict",
+    "SourceInfo",
+    "StoreRecords",
+    "TokenInfo",
+    "UnitInfo",
+    "ViewInfo",
+    "content_digest",
 ]

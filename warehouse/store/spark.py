@@ -75,15 +75,89 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # (``SELECT keyword FROM sql_keywords() WHERE reserved`` with that setting on). A view named
 # after one of them breaks analysts' queries as soon as a deployment turns enforcement on.
 RESERVED_WORDS = frozenset(
-    """
-    ALL AND ANY AS AUTHORIZATION BOTH CALL CASE CAST CHECK COLLATE COLLATION COLLATIONS COLUMN
-    CONSTRAINT CREATE CROSS CURRENT_DATE CURRENT_PATH CURRENT_SCHEMA CURRENT_TIME
-    CURRENT_TIMESTAMP CURRENT_USER DISTINCT ELSE END ESCAPE EXCEPT EXECUTE FALSE FETCH FILTER
-    FOR FOREIGN FROM FULL GRANT GROUP HAVING IN INNER INTERSECT INTO IS JOIN LATERAL LEADING
-    LEFT LOCALTIME NATURAL NOT NULL OFFSET ON ONLY OR ORDER OUTER OVERLAPS PRIMARY RECURSIVE
-    REFERENCES RIGHT SELECT SESSION_USER SOME SQL TABLE THEN TIME TO TRAILING UNION UNIQUE
-    UNKNOWN USER USING WHEN WHERE WITH WITHIN
-    """.split()
+    [
+        "ALL",
+        "AND",
+        "ANY",
+        "AS",
+        "AUTHORIZATION",
+        "BOTH",
+        "CALL",
+        "CASE",
+        "CAST",
+        "CHECK",
+        "COLLATE",
+        "COLLATION",
+        "COLLATIONS",
+        "COLUMN",
+        "CONSTRAINT",
+        "CREATE",
+        "CROSS",
+        "CURRENT_DATE",
+        "CURRENT_PATH",
+        "CURRENT_SCHEMA",
+        "CURRENT_TIME",
+        "CURRENT_TIMESTAMP",
+        "CURRENT_USER",
+        "DISTINCT",
+        "ELSE",
+        "END",
+        "ESCAPE",
+        "EXCEPT",
+        "EXECUTE",
+        "FALSE",
+        "FETCH",
+        "FILTER",
+        "FOR",
+        "FOREIGN",
+        "FROM",
+        "FULL",
+        "GRANT",
+        "GROUP",
+        "HAVING",
+        "IN",
+        "INNER",
+        "INTERSECT",
+        "INTO",
+        "IS",
+        "JOIN",
+        "LATERAL",
+        "LEADING",
+        "LEFT",
+        "LOCALTIME",
+        "NATURAL",
+        "NOT",
+        "NULL",
+        "OFFSET",
+        "ON",
+        "ONLY",
+        "OR",
+        "ORDER",
+        "OUTER",
+        "OVERLAPS",
+        "PRIMARY",
+        "RECURSIVE",
+        "REFERENCES",
+        "RIGHT",
+        "SELECT",
+        "SESSION_USER",
+        "SOME",
+        "SQL",
+        "TABLE",
+        "THEN",
+        "TIME",
+        "TO",
+        "TRAILING",
+        "UNION",
+        "UNIQUE",
+        "UNKNOWN",
+        "USER",
+        "USING",
+        "WHEN",
+        "WHERE",
+        "WITH",
+        "WITHIN",
+    ]
 )
 
 
@@ -157,9 +231,7 @@ class JsonStoreCatalog:
     def __init__(self, path: Path) -> None:
         self._path = Path(path)
         self._lock = threading.Lock()
-        self._records: dict[str, dict[str, Any]] = (
-            json.loads(self._path.read_text()) if self._path.exists() else {}
-        )
+        self._records: dict[str, dict[str, Any]] = json.loads(self._path.read_text()) if self._path.exists() else {}
 
     def views(self) -> list[str]:
         with self._lock:
@@ -273,9 +345,7 @@ class RowCodec:
         self.columns = columns
         self.json_columns = [True] * len(columns) if types is None else [t is None for t in types]
         self.json = all(self.json_columns)
-        spark_types = [
-            StringType() if t is None else _parse(t) for t in (types or (None,) * len(columns))
-        ]
+        spark_types = [StringType() if t is None else _parse(t) for t in (types or (None,) * len(columns))]
         self._bool_columns = [isinstance(t, BooleanType) for t in spark_types]
         # every NaN read back is the one object Z-sets can cancel (api.schemas.NAN)
         self._float_columns = [isinstance(t, (DoubleType, FloatType)) for t in spark_types]
@@ -306,11 +376,7 @@ class RowCodec:
                 orders.append(effect.order)
         values: list[Sequence[Any]] = list(zip(*rows))
         values = [
-            [_json_scalar(v) for v in column]
-            if as_json
-            else [_as_bool(v) for v in column]
-            if as_bool
-            else column
+            [_json_scalar(v) for v in column] if as_json else [_as_bool(v) for v in column] if as_bool else column
             for column, as_json, as_bool in zip(values, self.json_columns, self._bool_columns)
         ]
         try:
@@ -680,9 +746,7 @@ class SparkStore:
         self._check_as_of(self._state(view), as_of)
 
     # -- ViewStore ---------------------------------------------------------------------
-    def check_new_view(
-        self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None
-    ) -> None:
+    def check_new_view(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
         """Raise StoreError naming the problem if ``create`` would refuse these arguments;
         changes nothing. The manager asks before it records a new view anywhere."""
         with self._lock:
@@ -710,9 +774,7 @@ class SparkStore:
                 raise StoreError(f"view {view!r} collides with view {other!r} in Spark SQL")
         return normalized
 
-    def create(
-        self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None
-    ) -> None:
+    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
         """Create an empty view. ``types`` are Spark SQL type names, one per column; a column
         without one (None) stores its values as JSON text, exact but awkward for analysts'
         SQL."""
@@ -743,9 +805,7 @@ class SparkStore:
         with state.lock:
             state.dropped = True
             self._notify(view, None)
-            self._drop_tables(
-                self.zlog_table(view), self.base_table(view), *self._version_tables(view, state.meta)
-            )
+            self._drop_tables(self.zlog_table(view), self.base_table(view), *self._version_tables(view, state.meta))
             self._catalog.delete(view)
             shutil.rmtree(self._root / view, ignore_errors=True)
 
@@ -880,9 +940,7 @@ class SparkStore:
         self._drop_tables(*self._version_tables(view, target))
         _remove(target.base_location, target.zlog_location)
 
-    def _swap(
-        self, state: _View, start: ViewMeta, snapshot: Sequence[str], folded: set[int], target: ViewMeta
-    ) -> bool:
+    def _swap(self, state: _View, start: ViewMeta, snapshot: Sequence[str], folded: set[int], target: ViewMeta) -> bool:
         """Under the view lock: carry over late commits, switch the record and the analysts'
         view. False (nothing changed) if W was lowered meanwhile."""
         with self._guard(state):

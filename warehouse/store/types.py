@@ -15,11 +15,40 @@ from __future__ import annotations
 
 import re
 
-_INTEGER = {"INT", "INTEGER", "BIGINT", "SMALLINT", "TINYINT", "MEDIUMINT", "INT2", "INT4", "INT8",
-            "SERIAL", "BIGSERIAL", "SMALLSERIAL"}
+_INTEGER = {
+    "INT",
+    "INTEGER",
+    "BIGINT",
+    "SMALLINT",
+    "TINYINT",
+    "MEDIUMINT",
+    "INT2",
+    "INT4",
+    "INT8",
+    "SERIAL",
+    "BIGSERIAL",
+    "SMALLSERIAL",
+}
 _FLOAT = {"REAL", "FLOAT", "DOUBLE", "DOUBLE PRECISION", "FLOAT4", "FLOAT8", "BINARY_DOUBLE", "BINARY_FLOAT"}
-_TEXT = {"TEXT", "VARCHAR", "CHAR", "CHARACTER", "CHARACTER VARYING", "NVARCHAR", "NCHAR", "STRING",
-         "CLOB", "NTEXT", "TINYTEXT", "MEDIUMTEXT", "LONGTEXT", "VARCHAR2", "NVARCHAR2", "CITEXT", "NAME"}
+_TEXT = {
+    "TEXT",
+    "VARCHAR",
+    "CHAR",
+    "CHARACTER",
+    "CHARACTER VARYING",
+    "NVARCHAR",
+    "NCHAR",
+    "STRING",
+    "CLOB",
+    "NTEXT",
+    "TINYTEXT",
+    "MEDIUMTEXT",
+    "LONGTEXT",
+    "VARCHAR2",
+    "NVARCHAR2",
+    "CITEXT",
+    "NAME",
+}
 _BOOLEAN = {"BOOLEAN", "BOOL", "BIT"}
 
 _PARAMS = re.compile(r"\([^)]*\)")

@@ -24,11 +24,10 @@ import sqlalchemy as sa
 
 from api.schemas import CAPTURE_METHODS
 from wrappers.capture.base import CaptureDialect
+from wrappers.capture.snapshots import SnapshotOptions
 from wrappers.differential import SnapshotError
 from wrappers.errors import WrapperError, masked_url
 from wrappers.schema import SourceSchema, TableSchema
-
-from wrappers.capture.snapshots import SnapshotOptions
 
 if TYPE_CHECKING:
     from wrappers.replica import Replica
@@ -54,7 +53,9 @@ def dialect_for(url: str) -> CaptureDialect:
         from wrappers.capture import mariadb
 
         return mariadb
-    raise WrapperError(f"capture is not implemented for {backend} sources (supported: sqlite, postgresql, mariadb/mysql)")
+    raise WrapperError(
+        f"capture is not implemented for {backend} sources (supported: sqlite, postgresql, mariadb/mysql)"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,9 @@ class CaptureConfig:
         if self.method == "snapshot" and self.snapshot is None:
             object.__setattr__(self, "snapshot", SnapshotOptions())
         if self.snapshot is not None and self.method != "snapshot":
-            raise WrapperError("snapshot options (a dump directory, keys, an interval, an algorithm) belong to snapshot capture")
+            raise WrapperError(
+                "snapshot options (a dump directory, keys, an interval, an algorithm) belong to snapshot capture"
+            )
 
     @property
     def dumps(self) -> bool:
@@ -179,7 +182,9 @@ def _replica_capture(
 
 def _need_url(url: str | None) -> str:
     if not url:
-        raise WrapperError("a source database URL is needed (snapshot capture of dump files takes a dump directory instead)")
+        raise WrapperError(
+            "a source database URL is needed (snapshot capture of dump files takes a dump directory instead)"
+        )
     return url
 
 
@@ -270,7 +275,9 @@ def _source_schema(engine: sa.Engine, tables: Sequence[str], config: CaptureConf
     for table in checked:
         missing = [c for c in config.capture_columns if c not in table.columns]
         if missing:
-            raise WrapperError(f"table {table.name!r} has no column {', '.join(map(repr, missing))} for {config.method} capture")
+            raise WrapperError(
+                f"table {table.name!r} has no column {', '.join(map(repr, missing))} for {config.method} capture"
+            )
         if any(c in table.primary_key for c in config.capture_columns):
             raise WrapperError(f"table {table.name!r}: a capture column cannot be part of the primary key")
         full = reflected.tables[table.name]

@@ -48,7 +48,6 @@ from typing import Any
 from wrappers.capture.snapshots import SnapshotOptions, SnapshotSource
 from wrappers.capture.types import wire_value
 from wrappers.differential import (
-    Change,
     ChangeList,
     Compression,
     MemoryBudget,
@@ -191,7 +190,9 @@ class SnapshotCapture:
         budget = MemoryBudget(bytes=self._options.memory_mb * 2**20)
         stats = IOStats()
         if algorithm == "window":
-            result = window_diff(old, new, aging_records=self._options.aging_records, second_pass=True, budget=budget, stats=stats)
+            result = window_diff(
+                old, new, aging_records=self._options.aging_records, second_pass=True, budget=budget, stats=stats
+            )
         elif algorithm == "partitioned-hash":
             compression = Compression(bits=self._options.checksum_bits)
             result = partitioned_hash_diff(old, new, compression=compression, budget=budget, stats=stats)
@@ -222,7 +223,9 @@ class SnapshotCapture:
         except DuplicateKey as exc:
             raise _duplicate(exc.key, exc.relation, files[exc.relation]) from None
 
-    def _meta(self, files: dict[str, Any], signatures: dict[str, Any], displacement: dict[str, Any], generation: int) -> dict[str, str]:
+    def _meta(
+        self, files: dict[str, Any], signatures: dict[str, Any], displacement: dict[str, Any], generation: int
+    ) -> dict[str, str]:
         return {
             "snapshot_files": json.dumps({t: getattr(p, "name", p) for t, p in files.items()}),
             "snapshot_signatures": json.dumps(signatures),

@@ -132,9 +132,7 @@ def install(engine: sa.Engine, tables: Sequence[str]) -> None:
             )
             not_innodb = [f"{t} ({e})" for t, e in engines.items() if str(e).upper() != "INNODB"]
             if not_innodb:
-                raise WrapperError(
-                    f"trigger capture needs transactional (InnoDB) tables: {', '.join(not_innodb)}"
-                )
+                raise WrapperError(f"trigger capture needs transactional (InnoDB) tables: {', '.join(not_innodb)}")
             conn.exec_driver_sql(
                 f"CREATE TABLE IF NOT EXISTS {OUTBOX} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, "
                 "relation VARCHAR(64) NOT NULL, op CHAR(1) NOT NULL, "

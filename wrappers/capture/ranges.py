@@ -128,7 +128,9 @@ class RangeCapture:
             conn.close()
         self._replica.apply([], self._meta(ranges))
         self._ranges = ranges
-        self._status.update(snapshots=1, last_snapshot_at=time.time(), ranges={t: len(r.sums) for t, r in ranges.items()})
+        self._status.update(
+            snapshots=1, last_snapshot_at=time.time(), ranges={t: len(r.sums) for t, r in ranges.items()}
+        )
 
     def _rows_planning(self, conn: sa.Connection, table: TableSchema, plan: RangePlanner) -> Iterator[dict[str, Any]]:
         """The table's rows in key order, each key fed to ``plan`` on the way."""
@@ -159,7 +161,7 @@ class RangeCapture:
         self._ranges = ranges
         self._status.update(
             snapshots=self._status["snapshots"] + 1, last_snapshot_at=time.time(), last_error=None,
-            last_changes=counts, algorithms={t: "range-checksums" for t in ranges},
+            last_changes=counts, algorithms=dict.fromkeys(ranges, "range-checksums"),
             ranges={t: len(r.sums) for t, r in ranges.items()},
             ranges_shipped=self._status["ranges_shipped"] + shipped_ranges,
             rows_shipped=self._status["rows_shipped"] + shipped_rows,
@@ -271,7 +273,9 @@ def _checksum_sql(engine: sa.Engine):
 
         def sqlite(conn: sa.Connection, table: TableSchema, where: str) -> str:
             row = ", ".join(_quote(conn, c) for c in table.columns)
-            return f"SELECT COUNT(*), COALESCE(pvm_range_checksum({row}), 0) FROM {_quote(conn, table.name)} WHERE {where}"
+            return (
+                f"SELECT COUNT(*), COALESCE(pvm_range_checksum({row}), 0) FROM {_quote(conn, table.name)} WHERE {where}"
+            )
 
         return sqlite
     raise WrapperError(f"range-checksum capture does not support {name} sources")
@@ -297,4 +301,3 @@ def _register_sqlite_checksum(dbapi_connection: Any, _record: Any) -> None:
 
 def _show(r: KeyRange) -> str:
     return f"[{r.lo if r.lo is not None else '-inf'}, {r.hi if r.hi is not None else '+inf'})"
-

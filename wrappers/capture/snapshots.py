@@ -30,12 +30,21 @@ import sqlalchemy as sa
 
 from wrappers.capture.base import CaptureDialect
 from wrappers.capture.types import SUPPORTED, wire_value
-from wrappers.differential import CsvSnapshot, ParquetSnapshot, RecordSnapshot, Schema, Snapshot, SnapshotError, write_records
+from wrappers.differential import (
+    CsvSnapshot,
+    ParquetSnapshot,
+    RecordSnapshot,
+    Schema,
+    Snapshot,
+    SnapshotError,
+    write_records,
+)
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema, TableSchema
 
 ALGORITHMS = ("auto", "window", "partitioned-hash", "sort-merge", "range-checksums")
 DUMP_SUFFIXES = (".csv", ".parquet", ".pq")
+
 
 def _typed(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return lambda text: None if text == "" else convert(text)
@@ -80,7 +89,9 @@ class SnapshotOptions:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise WrapperError(f"unknown differential algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+            raise WrapperError(
+                f"unknown differential algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})"
+            )
         if self.interval <= 0:
             raise WrapperError("the snapshot interval must be positive")
         if self.memory_mb < 1 or self.aging_records < 1:
@@ -94,7 +105,9 @@ class SnapshotOptions:
         for table, types in self.dump_types.items():
             unknown = sorted({t for t in types.values() if t not in DUMP_TYPES})
             if unknown:
-                raise WrapperError(f"unknown dump type(s) {', '.join(unknown)} for table {table!r} (known: {', '.join(DUMP_TYPES)})")
+                raise WrapperError(
+                    f"unknown dump type(s) {', '.join(unknown)} for table {table!r} (known: {', '.join(DUMP_TYPES)})"
+                )
 
 
 class SnapshotSource(Protocol):
@@ -144,7 +157,9 @@ class DatabaseTables:
                 width = len(key)
                 rows = conn.execute(sa.select(*key, *rest).execution_options(yield_per=10_000))
                 path = directory / f"{name}.{tag}.rec"
-                write_records(path, ((tuple(map(wire_value, r[:width])), tuple(map(wire_value, r[width:]))) for r in rows))
+                write_records(
+                    path, ((tuple(map(wire_value, r[:width])), tuple(map(wire_value, r[width:]))) for r in rows)
+                )
                 out[name] = path
         finally:
             conn.close()
@@ -168,17 +183,25 @@ def database_schema(engine: sa.Engine, tables: Sequence[str], keys: Mapping[str,
     out = {}
     for checked in check_tables(engine, tables, check_types=engine.dialect.name != "sqlite"):
         full = reflected.tables[checked.name]
-        out[checked.name] = TableSchema(full.name, full.columns, full.types, _key(checked.name, full.columns, full.primary_key, keys))
+        out[checked.name] = TableSchema(
+            full.name, full.columns, full.types, _key(checked.name, full.columns, full.primary_key, keys)
+        )
     return SourceSchema(out)
 
 
-def _key(table: str, columns: Sequence[str], primary_key: Sequence[str], keys: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+def _key(
+    table: str, columns: Sequence[str], primary_key: Sequence[str], keys: Mapping[str, Sequence[str]]
+) -> tuple[str, ...]:
     key = tuple(keys.get(table) or primary_key)
     if not key:
-        raise WrapperError(f"table {table!r} has no primary key: name its key columns with --key {table}=COLUMN[,COLUMN]")
+        raise WrapperError(
+            f"table {table!r} has no primary key: name its key columns with --key {table}=COLUMN[,COLUMN]"
+        )
     missing = [c for c in key if c not in columns]
     if missing:
-        raise WrapperError(f"--key of table {table!r} names unknown column(s) {', '.join(missing)} (columns: {', '.join(columns)})")
+        raise WrapperError(
+            f"--key of table {table!r} names unknown column(s) {', '.join(missing)} (columns: {', '.join(columns)})"
+        )
     return key
 
 
@@ -209,10 +232,14 @@ class DumpDirectory:
         tables_out = {}
         for table in tables:
             if not self._keys[table]:
-                raise WrapperError(f"dumps carry no primary key: name the key of table {table!r} with --key {table}=COLUMN[,COLUMN]")
+                raise WrapperError(
+                    f"dumps carry no primary key: name the key of table {table!r} with --key {table}=COLUMN[,COLUMN]"
+                )
             path = kept.get(table) or self.dump_file(table)
             if path is None:
-                raise WrapperError(f"no dump of table {table!r} in {directory} (expected {table}.csv or {table}.parquet)")
+                raise WrapperError(
+                    f"no dump of table {table!r} in {directory} (expected {table}.csv or {table}.parquet)"
+                )
             try:
                 snapshot = self.open(table, path)
             except SnapshotError as exc:
@@ -285,5 +312,7 @@ def _arrow_sql_type(table: str, column: str, arrow_type: str) -> str:
     if arrow_type.startswith("decimal"):
         return "NUMERIC"
     if arrow_type not in _ARROW_TYPES:
-        raise WrapperError(f"table {table!r}: column {column} has Parquet type {arrow_type}, which the wrapper cannot ship; supported: {SUPPORTED}")
+        raise WrapperError(
+            f"table {table!r}: column {column} has Parquet type {arrow_type}, which the wrapper cannot ship; supported: {SUPPORTED}"
+        )
     return _ARROW_TYPES[arrow_type]

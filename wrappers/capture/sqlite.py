@@ -121,7 +121,9 @@ def _json_row(engine: sa.Engine, ref: str, columns: Sequence[str]) -> str:
         return f"CASE typeof({v}) WHEN 'blob' THEN hex({v}) WHEN 'real' THEN {exact} ELSE {v} END"
 
     objects = [
-        "json_object(" + ", ".join(f"{_text_literal(c)}, {value(c)}" for c in columns[i : i + _COLUMNS_PER_JSON_OBJECT]) + ")"
+        "json_object("
+        + ", ".join(f"{_text_literal(c)}, {value(c)}" for c in columns[i : i + _COLUMNS_PER_JSON_OBJECT])
+        + ")"
         for i in range(0, len(columns), _COLUMNS_PER_JSON_OBJECT)
     ]
     expr = objects[0]

@@ -77,7 +77,9 @@ class BenchConfig:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark's options to ``parser``."""
-    parser.add_argument("--records", type=int, default=None, help="records per snapshot (default 1,000,000; --quick 20,000)")
+    parser.add_argument(
+        "--records", type=int, default=None, help="records per snapshot (default 1,000,000; --quick 20,000)"
+    )
     parser.add_argument("--record-bytes", type=int, default=150, help="bytes per record in the dump (default 150)")
     parser.add_argument(
         "--change-rate", type=float, default=0.01, help="fraction of records inserted plus updated (default 0.01)"
@@ -98,10 +100,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--input-records", type=int, default=None, help="window input buffer in records (default 16 KB of records)"
     )
     parser.add_argument("--bits", type=int, default=32, help="bits of the record checksum b (default 32)")
-    parser.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv", help="dump format (default csv)")
-    parser.add_argument("--sweep-records", type=int, default=None, help="records of the Fig. 16 pair (default --records)")
     parser.add_argument(
-        "--repeat", type=int, default=2, help="time each algorithm (and the floor before it) this many times, keep the best"
+        "--format", dest="fmt", choices=("csv", "parquet"), default="csv", help="dump format (default csv)"
+    )
+    parser.add_argument(
+        "--sweep-records", type=int, default=None, help="records of the Fig. 16 pair (default --records)"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="time each algorithm (and the floor before it) this many times, keep the best",
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument("--workdir", default=None, help="directory for the dumps and spill files (default: a temp dir)")
@@ -205,7 +214,12 @@ def make_pair(
 
     def rest(i: int) -> tuple[str, ...]:
         o = rng.randrange(span)
-        return (pool[o : o + name], pool[o + name : o + name + addr], f"{i % 10**bal:0{bal}d}", pool[o + 7 : o + 7 + note])
+        return (
+            pool[o : o + name],
+            pool[o + name : o + name + addr],
+            f"{i % 10**bal:0{bal}d}",
+            pool[o + 7 : o + 7 + note],
+        )
 
     ids = list(range(records))
     rng.shuffle(ids)  # physical order is not key order
@@ -509,7 +523,8 @@ def _goals(main: dict[str, Any], sweep: dict[str, Any]) -> dict[str, bool]:
         "window_within_1_5x_floor_cpu": algs["window"]["cpu_ratio_to_floor"] <= 1.5,
         "compressed_partitioned_hash_within_2x_floor": min(algs[n]["ratio_to_floor"] for n in phc) <= 2.0,
         "compressed_partitioned_hash_within_2x_floor_cpu": min(algs[n]["cpu_ratio_to_floor"] for n in phc) <= 2.0,
-        "no_extra_messages_once_aging_covers_displacement": bool(covered) and all(p["extra_messages"] == 0 for p in covered),
+        "no_extra_messages_once_aging_covers_displacement": bool(covered)
+        and all(p["extra_messages"] == 0 for p in covered),
         "all_outputs_correct": all(a["correct"] for a in algs.values()),
     }
 
@@ -560,7 +575,18 @@ def _table(report: dict[str, Any]) -> Any:
         title=f"snapshot differentials, {cfg['records']:,} records of {cfg['record_bytes']} B, "
         f"{cfg['change_rate']:.1%} inserted+updated (best of {cfg['repeat']})"
     )
-    columns = ("algorithm", "wall s", "x floor", "cpu s", "x floor (cpu)", "MB read", "MB written", "ins/del/upd", "extra", "ok")
+    columns = (
+        "algorithm",
+        "wall s",
+        "x floor",
+        "cpu s",
+        "x floor (cpu)",
+        "MB read",
+        "MB written",
+        "ins/del/upd",
+        "extra",
+        "ok",
+    )
     for col in columns:
         t.add_column(col, justify="left" if col in ("algorithm", "ok") else "right")
     fl = report["floor"]
@@ -610,12 +636,18 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console = Console(width=150)
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="pvm-bench-diff-", dir=args.workdir) as work:
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True), transient=True
-        ) as progress:
-            main = _run_main(cfg, work, progress)
-            sweep = _run_sweep(cfg, progress)
+    with (
+        tempfile.TemporaryDirectory(prefix="pvm-bench-diff-", dir=args.workdir) as work,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        ) as progress,
+    ):
+        main = _run_main(cfg, work, progress)
+        sweep = _run_sweep(cfg, progress)
     report: dict[str, Any] = {
         "benchmark": "diff",
         "config": cfg.as_dict(),

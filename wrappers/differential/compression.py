@@ -47,8 +47,8 @@ import hashlib
 import math
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 __all__ = [
@@ -59,8 +59,8 @@ __all__ = [
     "Compression",
     "canonical",
     "checksum",
-    "compress_entries",
     "clean_run_probability",
+    "compress_entries",
     "expected_clean_runs",
     "make_batch_compressor",
     "make_compressor",
@@ -162,9 +162,7 @@ def make_compressor(bits: int, hash_name: str | None = None) -> Callable[[tuple[
     return compress_bits
 
 
-def make_batch_compressor(
-    bits: int, hash_name: str | None = None
-) -> Callable[[Sequence[tuple[Any, ...]]], list[Any]]:
+def make_batch_compressor(bits: int, hash_name: str | None = None) -> Callable[[Sequence[tuple[Any, ...]]], list[Any]]:
     """Like ``make_compressor`` for a list of rests at once (the same values, faster: one
     check that no string contains the separator, then one comprehension).
 
@@ -184,7 +182,7 @@ def make_batch_compressor(
         crc = zlib.crc32
         shift = 32 - bits
         if shift:
-            fast: Callable[[list[str]], list[Any]] = lambda data: [crc(s.encode()) >> shift for s in data]
+            fast: Callable[[list[str]], list[Any]] = lambda data: [crc(s.encode()) >> shift for s in data]  # noqa: E731
         else:
             fast = lambda data: [crc(s.encode()) for s in data]  # noqa: E731
     elif size * 8 == bits:

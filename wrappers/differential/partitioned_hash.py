@@ -420,7 +420,11 @@ def partitioned_hash_diff(
             est = (old_snap.nbytes / rb) if old_snap.nbytes else 2.0 * len(mem)
             parts = _parts_for(max(est, len(mem)), cap)
             old_parts = partition_records(
-                chain(mem, entries), parts, parts_of=_part_fn(parts, 0), directory=spill_dir, stats=stats,
+                chain(mem, entries),
+                parts,
+                parts_of=_part_fn(parts, 0),
+                directory=spill_dir,
+                stats=stats,
                 chunk_records=_chunk_for(parts, cap),
             )
             temp_old = True
@@ -443,7 +447,11 @@ def partitioned_hash_diff(
         else:
             entries = chain.from_iterable(matcher.probe(table, new_it))
             state_files = partition_records(
-                entries, n_parts, parts_of=_part_fn(n_parts, 0), directory=spill_dir, stats=stats,
+                entries,
+                n_parts,
+                parts_of=_part_fn(n_parts, 0),
+                directory=spill_dir,
+                stats=stats,
                 chunk_records=_chunk_for(n_parts, cap),
             )
         del table
@@ -463,7 +471,11 @@ def partitioned_hash_diff(
             new_entries = new_it
             mode = 0 if comp is None else 1
         buckets = partition_records(
-            new_entries, n_parts, parts_of=_part_fn(n_parts, 0), directory=spill_dir, stats=stats,
+            new_entries,
+            n_parts,
+            parts_of=_part_fn(n_parts, 0),
+            directory=spill_dir,
+            stats=stats,
             chunk_records=_chunk_for(n_parts, cap),
         )
         matcher = _Matcher(mode, compression, old_values, dels, others, pending, new_snap.name)

@@ -177,7 +177,9 @@ class RangePlanner:
     def add(self, key: Key) -> None:
         """The next key; SnapshotError if it is not above the previous one."""
         if self._prev is not None and not self._prev < key:
-            raise SnapshotError(f"keys are not strictly increasing at {key!r} (after {self._prev!r}): unsorted or duplicate")
+            raise SnapshotError(
+                f"keys are not strictly increasing at {key!r} (after {self._prev!r}): unsorted or duplicate"
+            )
         if self._seen and self._seen % self.rows_per_range == 0:
             self.bounds.append(key)
         self._prev = key

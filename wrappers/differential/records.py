@@ -182,7 +182,9 @@ def check_compatible(
         )
     if old.types is not None and new.types is not None and old.types != new.types:
         diffs = [f"{c}: {a} -> {b}" for c, a, b in zip(old.columns, old.types, new.types, strict=True) if a != b]
-        raise SnapshotError(f"schema changed: column types differ between {old_name} and {new_name} ({', '.join(diffs)})")
+        raise SnapshotError(
+            f"schema changed: column types differ between {old_name} and {new_name} ({', '.join(diffs)})"
+        )
     return new
 
 
@@ -258,11 +260,15 @@ class Snapshot:
 
     def scan_with_pointers(self, stats: IOStats | None = None) -> Iterator[tuple[Key, Rest, int]]:
         """``(key, rest, pointer)`` in physical order; ``fetch`` accepts the pointers."""
-        raise SnapshotError(f"{self.name}: records cannot be fetched by pointer (the <K,b,p> format needs a file or a list)")
+        raise SnapshotError(
+            f"{self.name}: records cannot be fetched by pointer (the <K,b,p> format needs a file or a list)"
+        )
 
     def fetch(self, pointers: Iterable[int], stats: IOStats | None = None) -> Iterator[tuple[int, Record]]:
         """``(pointer, record)`` for each distinct pointer, in pointer order."""
-        raise SnapshotError(f"{self.name}: records cannot be fetched by pointer (the <K,b,p> format needs a file or a list)")
+        raise SnapshotError(
+            f"{self.name}: records cannot be fetched by pointer (the <K,b,p> format needs a file or a list)"
+        )
 
     def __iter__(self) -> Iterator[Record]:
         return self.scan()
@@ -316,7 +322,9 @@ class MemorySnapshot(Snapshot):
 
     supports_pointers = True
 
-    def __init__(self, records: Iterable[Record], schema: Schema | None = None, name: str = "in-memory snapshot") -> None:
+    def __init__(
+        self, records: Iterable[Record], schema: Schema | None = None, name: str = "in-memory snapshot"
+    ) -> None:
         self._records = records if isinstance(records, list) else list(records)
         self.name = name
         if schema is None and self._records:
@@ -441,7 +449,7 @@ def from_rows(
 # -- CSV ------------------------------------------------------------------------------------
 def _open_binary(path: str) -> io.BufferedReader:
     try:
-        return open(path, "rb", buffering=1 << 20)  # noqa: SIM115 (closed by the caller)
+        return open(path, "rb", buffering=1 << 20)
     except OSError as exc:
         raise SnapshotError(f"{path}: cannot read the dump ({exc.strerror or exc})") from None
 
@@ -510,7 +518,9 @@ class CsvSnapshot(Snapshot):
         while buf.count(b'"') % 2:
             more = f.readline()
             if not more:
-                raise SnapshotError(f"{self.path}: line {lineno}: truncated dump (unterminated quoted field at end of file)")
+                raise SnapshotError(
+                    f"{self.path}: line {lineno}: truncated dump (unterminated quoted field at end of file)"
+                )
             buf += more
         text = buf.decode(self.encoding)
         if text.endswith("\r\n"):
@@ -532,7 +542,9 @@ class CsvSnapshot(Snapshot):
             try:
                 out.append(conv(value))
             except (TypeError, ValueError) as exc:
-                raise SnapshotError(f"{self.path}: line {lineno}: column {col!r}: cannot convert {value!r} ({exc})") from None
+                raise SnapshotError(
+                    f"{self.path}: line {lineno}: column {col!r}: cannot convert {value!r} ({exc})"
+                ) from None
         return out
 
     def _wrong_arity(self, fields: list[str], lineno: int, line: bytes = b"\n") -> SnapshotError:
@@ -604,7 +616,7 @@ class CsvSnapshot(Snapshot):
                 if len(header) != self._header_len:
                     raise SnapshotError(f"{self.path}: the dump changed while it was being read (header differs)")
                 try:
-                    for lineno, line in enumerate(f, 2):  # noqa: B007 (used after the loop)
+                    for lineno, line in enumerate(f, 2):
                         if b'"' in line:
                             fields, line = self._quoted(line, f, lineno)
                         else:
@@ -640,7 +652,7 @@ class CsvSnapshot(Snapshot):
                 if len(header) != self._header_len:
                     raise SnapshotError(f"{self.path}: the dump changed while it was being read (header differs)")
                 pos = len(header)
-                for lineno, line in enumerate(f, 2):  # noqa: B007 (used after the loop)
+                for lineno, line in enumerate(f, 2):
                     start = pos
                     if b'"' in line:
                         fields, line = self._quoted(line, f, lineno)
@@ -762,7 +774,7 @@ class ParquetSnapshot(Snapshot):
         self.path = os.fspath(path)
         self.name = self.path
         self.batch_rows = batch_rows
-        pa, _ = _arrow()
+        _pa, _ = _arrow()
         pf = self._open()
         try:
             arrow_schema = pf.schema_arrow
@@ -814,7 +826,7 @@ class ParquetSnapshot(Snapshot):
         pa, _ = _arrow()
         wanted = sorted(set(pointers))
         total = sum(self._row_groups)
-        if wanted and not (0 <= wanted[0] and wanted[-1] < total):
+        if wanted and not (wanted[0] >= 0 and wanted[-1] < total):
             raise SnapshotError(f"{self.path}: pointer outside the file's {total} rows (the file changed?)")
         nk = len(self.schema.key)
         pf = self._open()
@@ -858,7 +870,7 @@ def open_snapshot(
     path: str | os.PathLike[str],
     key: Sequence[str] | str,
     *,
-    format: str | None = None,  # noqa: A002
+    format: str | None = None,
     types: Mapping[str, Callable[[str], Any]] | None = None,
 ) -> Snapshot:
     """Open a dump by extension (``.csv``, ``.parquet``/``.pq``) or explicit ``format``.

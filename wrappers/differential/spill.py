@@ -45,8 +45,8 @@ __all__ = [
     "IOStats",
     "MemoryBudget",
     "RecordFile",
-    "SpillList",
     "SpillError",
+    "SpillList",
     "external_sort",
     "partition_records",
     "paused_gc",
@@ -211,7 +211,7 @@ class RecordFile:
             self._writer = os.fdopen(fd, "wb", buffering=1 << 20)
         else:
             name = os.fspath(path)
-            self._writer = open(name, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in seal)
+            self._writer = open(name, "wb", buffering=1 << 20)
         self.path = name
         self.nbytes = 0
         self.stats.files_created += 1
@@ -308,7 +308,7 @@ class RecordFile:
     def _chunks(self, stats: IOStats | None) -> Iterator[list[Any]]:
         self.seal()
         try:
-            f = open(self.path, "rb", buffering=1 << 20)  # noqa: SIM115
+            f = open(self.path, "rb", buffering=1 << 20)
         except OSError as exc:
             raise SpillError(f"{self.path}: cannot read record file ({exc.strerror or exc})") from None
         with f:

@@ -1,0 +1,76 @@
+"""What every test shares: the markers, and fixtures of fresh databases on the real servers.
+
+Markers (declared in pyproject.toml, checked with ``--strict-markers``):
+
+- ``spark``: needs the shared Spark session. Every test under ``tests/spark/`` has it.
+- ``servers``: needs the PostgreSQL and MariaDB servers (``bash scripts/services.sh``). A test
+  that takes one of the fixtures below has it without saying so.
+
+``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.capture_support import MARIADB_ADMIN, PG_ADMIN, admin_engine, pg_schema_url, unique_name
+
+SERVER_FIXTURES = frozenset({"pg_url", "maria_url", "postgresql_catalog"})
+SPARK_TESTS = Path(__file__).parent / "spark"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SPARK_TESTS in Path(item.path).parents:
+            item.add_marker(pytest.mark.spark)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
+@pytest.fixture()
+def pg_url() -> Iterator[str]:
+    """A URL whose current schema is a fresh, empty schema of the test database."""
+    schema = unique_name()
+    admin = admin_engine(PG_ADMIN)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    try:
+        yield pg_schema_url(schema)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
+@pytest.fixture()
+def maria_url() -> Iterator[str]:
+    """A URL of a fresh, empty MariaDB database."""
+    database = unique_name()
+    admin = admin_engine(MARIADB_ADMIN)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
+    try:
+        yield f"mysql+pymysql://root@127.0.0.1:3306/{database}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {database}")
+        admin.dispose()
+
+
+@pytest.fixture
+def postgresql_catalog() -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database for a catalog, dropped afterwards."""
+    name = f"pvm_catalog_{uuid.uuid4().hex[:10]}"
+    admin = admin_engine(PG_ADMIN)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
+        admin.dispose()
