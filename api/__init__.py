@@ -1,1 +1,1 @@
-"""HTTP edges: the manager's API and the wrapper's API (FastAPI), and their wire schemas."""
+"""HTTP edges: the manager's API and the wrapper's API (FastAPI), auth and metrics."""

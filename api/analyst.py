@@ -575,6 +575,7 @@ def view_scans(tree: exp.Expression) -> int:
     CTE's query, as Spark's analyzer does: a chain of CTEs that each read the one before twice
     doubles the plan at every step, and planning it holds a Spark driver for good.
 
+    >>> import sqlglot
     >>> chain = "WITH c0 AS (SELECT id FROM v), " + ", ".join(
     ...     f"c{i} AS (SELECT id FROM c{i-1} UNION ALL SELECT id FROM c{i-1})" for i in range(1, 6))
     >>> view_scans(sqlglot.parse_one(chain + " SELECT * FROM c5", dialect="spark"))

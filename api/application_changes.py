@@ -17,7 +17,7 @@ from typing import Literal
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas import MAX_CHANGES_PER_UPDATE, Scalar
+from contract.schemas import MAX_CHANGES_PER_UPDATE, Scalar
 from wrappers.replica import RowChange
 from wrappers.wrapper import Wrapper
 

@@ -1,4 +1,4 @@
-"""Bearer tokens and roles of the manager's API (DESIGN.md, Security).
+"""Bearer tokens and roles of the manager's API (docs/api.md, Roles and tokens).
 
 Three roles, each with its own tokens:
 

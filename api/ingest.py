@@ -38,7 +38,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from api.schemas import MAX_CHANGES_PER_UPDATE, Change, UpdateBatch
+from contract.schemas import MAX_CHANGES_PER_UPDATE, Change, UpdateBatch
 from warehouse.receiver import PlainUpdate
 
 SLICE = 1000  # changes validated per call: ~2 ms of GIL

@@ -28,7 +28,7 @@ from api import analyst
 from api.auth import ROLES, Principal, TokenVerifier, check_role, issue, require_role, require_source, verifier_for
 from api.ingest import BODY_DOCS, collector_paused, document_update_batch, drop, read_update_batch
 from api.metrics import registry_for, render
-from api.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, AnyValue, wrapper_url_problem
+from contract.schemas import CAPTURE_METHODS, WRAPPER_URL_PATTERN, Ack, AnyValue, wrapper_url_problem
 from warehouse.analysts.supervisor import AnalystError
 from warehouse.catalog.db import CatalogError
 from warehouse.manager import Manager, ManagerError

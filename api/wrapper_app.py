@@ -28,7 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from api import application_changes
-from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
+from contract.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.wrapper import Wrapper

@@ -13,7 +13,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("pvm.serve", "run the manager (HTTP API, maintenance, view store)"),
-    "wrapper": ("wrappers.cli", "run, install or uninstall a source wrapper"),
+    "wrapper": ("pvm.wrapper", "run, install or uninstall a source wrapper"),
     "demo": ("pvm.demo", "the end-to-end demo on embedded SQLite sources, verified at the end"),
     "verify": ("pvm.verify", "recompute a view from its sources and compare it with the stored view"),
     "token": ("pvm.client.token", "create, list or revoke bearer tokens (admin, analyst, wrapper of a source)"),
@@ -23,9 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "pvm-vs-sweep": ("pvm.bench.pvm_vs_sweep", "total maintenance time T(p) against SWEEP (paper Fig. 21/23)"),
-    "diff": ("wrappers.differential.bench", "snapshot differential algorithms against reading both snapshots"),
+    "diff": ("pvm.bench.diff", "snapshot differential algorithms against reading both snapshots"),
     "capture": (
-        "wrappers.bench_capture",
+        "pvm.bench.capture",
         "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
     ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),

@@ -152,7 +152,7 @@ def one_transaction(paths: dict[str, Path], rng: random.Random, next_id: list[in
 
 
 def read_sources(paths: dict[str, Path]):
-    from warehouse.zset import ZSet
+    from contract.zset import ZSet
 
     contents, columns = {}, {}
     for source, (table, _) in SCHEMAS.items():
@@ -183,7 +183,7 @@ class Demo:
         import httpx
         from rich.console import Console
 
-        from pvm.local import LocalDeployment, catalog_url
+        from pvm.local_deployment import LocalDeployment, catalog_url
         from pvm.serve import open_store
 
         console = Console()
@@ -265,9 +265,9 @@ class Demo:
     async def _verify(self, api, console, paths, status, progress: Progress) -> int:
         from rich.table import Table
 
+        from contract.zset import ZSet
         from warehouse.recompute import recompute
         from warehouse.sql_views import parse_view
-        from warehouse.zset import ZSet
 
         if status["state"] == "failed":
             console.print(f"[red]view failed[/red]: {status['error']}")

@@ -207,8 +207,8 @@ def secure_data_dir(data_dir: Path, analyst_user: str | None = None) -> None:
     import grp
     import pwd
 
+    from contract.file_modes import PRIVATE, FileModes, restrict_umask
     from warehouse.catalog.secrets import KEY_FILE
-    from warehouse.file_modes import PRIVATE, FileModes, restrict_umask
     from warehouse.store.file_access import share_with_group, store_files
 
     restrict_umask()
@@ -229,9 +229,9 @@ def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None =
     import sys
 
     from api.auth import ensure_admin_token
+    from contract.file_modes import write_private_file
     from warehouse.catalog.db import Catalog
     from warehouse.catalog.secrets import SealError
-    from warehouse.file_modes import write_private_file
 
     try:
         catalog = Catalog(url, key_file)
@@ -255,7 +255,7 @@ def announce_first_admin_token(url: str, data_dir: Path, key_file: Path | None =
 def run(args: argparse.Namespace) -> int:
     from api.auth import verifier_for
     from api.manager_app import create_app
-    from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from pvm.http_server import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.catalog.secrets import key_file_for
     from warehouse.manager import Manager
 

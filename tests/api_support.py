@@ -100,7 +100,7 @@ class LiveManager:
 def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
     """Serve the ASGI ``app`` over real HTTP on a free loopback port from a thread; its URL
     and a function that stops it."""
-    from pvm.serving import http_url, listen, uvicorn_server
+    from pvm.http_server import http_url, listen, uvicorn_server
 
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(app)

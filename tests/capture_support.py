@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 import pytest
 import sqlalchemy as sa
 
-from api.schemas import Update
-from warehouse.expr import Col, compile_filter
-from warehouse.zset import ZSet
+from contract.expr import Col, compile_filter
+from contract.schemas import Update
+from contract.zset import ZSet
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MARIADB_ADMIN = "mysql+pymysql://root@127.0.0.1:3306/test"

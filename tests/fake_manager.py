@@ -15,8 +15,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from api.schemas import Ack, Update, UpdateBatch
-from pvm.serving import http_url, listen
+from contract.schemas import Ack, Update, UpdateBatch
+from pvm.http_server import http_url, listen
 
 
 class FakeManager:

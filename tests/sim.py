@@ -1,6 +1,6 @@
 """In-process sources for fast randomized schedules, and the first-principles oracle.
 
-``SimSource`` keeps the wrapper's contract (DESIGN.md invariant 3) without a database:
+``SimSource`` keeps the wrapper's contract (docs/design.md, invariant 3) without a database:
 committed transactions wait in an outbox, shipping assigns seq in shipping order and awaits
 the manager's acknowledgment, and a subquery ships everything committed, takes its snapshot
 and then evaluates the join on that snapshot while the source keeps changing. Random
@@ -17,11 +17,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
-from warehouse import expr
+from contract import expr
+from contract.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
+from contract.zset import ZSet
 from warehouse.recompute import recompute  # noqa: F401  (the tests' oracle)
 from warehouse.sources import TableSchema
-from warehouse.zset import ZSet
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pytest
 import sqlglot
 
 from api.analyst import QueryRejected, check_query
+from contract.column_types import spark_type
 from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX
-from warehouse.store.types import spark_type
 
 VIEWS = ["order_details", "customers_v"]
 

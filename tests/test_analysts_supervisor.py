@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
+from warehouse.analysts.engine import CONNECT_TOKEN_ENV
 from warehouse.analysts.supervisor import AnalystProcess, AnalystsBusy, AnalystSettings
-from warehouse.analysts.worker import CONNECT_TOKEN_ENV
 
 
 def test_the_process_gets_no_secret_of_the_manager(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Roles and tokens of the manager's API (DESIGN.md, Security): who may do what, how a
+"""Roles and tokens of the manager's API (docs/api.md, Roles and tokens): who may do what, how a
 refusal reads, and the life of a token (created once, stored hashed, revoked at once)."""
 
 from __future__ import annotations

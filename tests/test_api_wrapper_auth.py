@@ -7,9 +7,9 @@ import sqlite3
 
 import httpx
 
+from pvm.wrapper_process import start_wrapper
 from tests.fake_manager import FakeManager
 from warehouse.sources import HttpSourceClient
-from wrappers.process import start_wrapper
 
 MANAGER_TOKEN = "m" * 40
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.fake_manager import FakeManager
 from wrappers.errors import InvalidRequest, WrapperError
-from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.replica import Replica, RowChange
 from wrappers.schema import SourceSchema, TableSchema
 

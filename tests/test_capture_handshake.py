@@ -1,5 +1,5 @@
 """Trigger capture on PostgreSQL and MariaDB through a real wrapper process and a stand-in
-manager: the watermark handshake under concurrent writers (DESIGN.md invariant 3), and a
+manager: the watermark handshake under concurrent writers (docs/design.md, invariant 3), and a
 durable wrapper across a crash and a manager outage (invariants 1 and 2).
 
 Outbox ids there are not commit order, so these are the tests that would catch a wrapper
@@ -18,6 +18,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from contract.expr import Cmp, Col, Like, to_wire
+from contract.zset import ZSet
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.capture_support import (
     R_DDL,
     contents,
@@ -28,9 +31,6 @@ from tests.capture_support import (
     run_sql,
 )
 from tests.fake_manager import FakeManager
-from warehouse.expr import Cmp, Col, Like, to_wire
-from warehouse.zset import ZSet
-from wrappers.process import WrapperProcess, start_wrapper
 
 pytestmark = pytest.mark.servers
 

@@ -1,14 +1,14 @@
 """Subqueries on PostgreSQL and MariaDB agree with the manager's Python reading of the same
-predicates (warehouse.expr), and values read by a subquery equal the captured ones."""
+predicates (contract.expr), and values read by a subquery equal the captured ones."""
 
 from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
 
-from api.schemas import Subquery
+from contract.expr import Between, Cmp, Col, Expr, Like, Lit, Not, compile_filter, to_wire
+from contract.schemas import Subquery
 from tests.capture_support import run_sql
-from warehouse.expr import Between, Cmp, Col, Expr, Like, Lit, Not, compile_filter, to_wire
 from wrappers import query
 from wrappers.capture import dialect_for
 from wrappers.errors import InvalidRequest

@@ -12,13 +12,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from pvm.wrapper_process import start_wrapper
 from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
 from wrappers.capture import dialect_for
 from wrappers.capture.ranges import RangeCapture
 from wrappers.capture.snapshots import SnapshotOptions, database_schema
 from wrappers.errors import WrapperError
-from wrappers.process import start_wrapper
 from wrappers.replica import META, Replica
 
 ROWS = 300

@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 from pvm.cli import main as pvm_main
+from pvm.wrapper_process import start_wrapper
 from tests.fake_manager import FakeManager
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.snapshots import SnapshotOptions
 from wrappers.differential import Schema, write_csv, write_parquet
 from wrappers.errors import WrapperError
-from wrappers.process import start_wrapper
 
 ALGORITHMS = ["window", "partitioned-hash", "sort-merge", "auto"]
 

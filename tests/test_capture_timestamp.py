@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from pvm.cli import main as pvm_main
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
-from wrappers.process import WrapperProcess, start_wrapper
 
 SOURCE = "legacy"
 DDL = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, modified INTEGER, gone INTEGER DEFAULT 0)"

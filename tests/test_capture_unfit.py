@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.schemas import Subquery, SubqueryAnswer, Update
+from contract.schemas import Subquery, SubqueryAnswer, Update
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
 from wrappers import query
 from wrappers.capture import sqlite as capture
-from wrappers.process import WrapperProcess, start_wrapper
 from wrappers.quarantine import Fitness
 from wrappers.schema import SourceSchema, TableSchema
 

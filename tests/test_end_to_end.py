@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from pvm.local import LocalDeployment
+from contract.zset import ZSet
+from pvm.local_deployment import LocalDeployment
 from warehouse.recompute import recompute
-from warehouse.zset import ZSet
 
 SOURCES = {
     "sa": ("R", "CREATE TABLE R (id INTEGER PRIMARY KEY, b INTEGER, note TEXT)"),

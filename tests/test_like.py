@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warehouse.expr import Col, Like, LikeMatcher, compile_filter
+from contract.expr import Col, Like, LikeMatcher, compile_filter
 
 ADVERSARIAL_PATTERN = "%a%b%c%d%e%f%"
 ADVERSARIAL_TEXT = "abcde" * 410  # 2 KB that has every letter but the last

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from api.metrics import view_progress
-from api.schemas import Change, Update
+from contract.schemas import Change, Update
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from warehouse.manager import ManagerError
 from warehouse.receiver import ReceiveError

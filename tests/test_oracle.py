@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from contract.zset import ZSet
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from warehouse.manager import Manager
 from warehouse.protocol import Switches
 from warehouse.store.memory import MemoryStore
-from warehouse.zset import ZSet
 
 SCHEDULES = 200
 TABLES = {

@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.zset import ZSet
 from warehouse.protocol import Switches, Unit, ViewProtocol, ViewUpdate
-from warehouse.zset import ZSet
 
 SOURCES = ("a", "b", "c")
 

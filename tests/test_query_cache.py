@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from api.schemas import Subquery
+from contract.expr import Cmp, Col, to_wire
+from contract.schemas import Subquery
 from tests.capture_support import run_sql
-from warehouse.expr import Cmp, Col, to_wire
 from wrappers import query
 from wrappers.capture import dialect_for
 from wrappers.schema import SourceSchema

@@ -17,10 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pvm.local import LocalDeployment
-from warehouse.recompute import recompute
-from warehouse.store.memory import MemoryStore
-from wrappers.three_sources import (
+from pvm.bench.three_sources import (
     TABLES,
     VIEW,
     WrapperSet,
@@ -31,6 +28,9 @@ from wrappers.three_sources import (
     sqlite_file,
     until,
 )
+from pvm.local_deployment import LocalDeployment
+from warehouse.recompute import recompute
+from warehouse.store.memory import MemoryStore
 
 pytestmark = pytest.mark.servers
 

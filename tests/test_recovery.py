@@ -28,7 +28,7 @@ from py4j.protocol import Py4JNetworkError
 import warehouse.manager
 from api.auth import issue
 from api.manager_app import create_app
-from api.schemas import Subquery, SubqueryAnswer
+from contract.schemas import Subquery, SubqueryAnswer
 from pvm.client.view import _show as show_view
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from tests.test_oracle import TABLES as ORACLE_TABLES

@@ -21,11 +21,11 @@ import pytest
 import sqlalchemy as sa
 
 import migrations
+from pvm.wrapper_process import start_wrapper
 from tests.api_support import LiveManager
 from tests.fake_manager import FakeManager
 from warehouse.catalog.db import Catalog, RelationInfo
 from warehouse.catalog.secrets import KEY_FILE, SealError, TokenSealer
-from wrappers.process import start_wrapper
 
 MANAGER_TOKEN = "the-manager-token-of-shop-0123456789"
 TOKEN_PATTERN = re.compile(r"pvm_\d+_")

@@ -13,8 +13,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from api.schemas import Interest, RelationInterest, Subquery
-from pvm.serving import http_url, listen, start_serving, uvicorn_server
+from contract.schemas import Interest, RelationInterest, Subquery
+from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from warehouse.sources import HttpSourceClient, SourceError
 
 

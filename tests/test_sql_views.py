@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse.expr import And, Arith, Between, Cmp, Col, InList, IsNull, Like, Lit, Not, Or, compile_filter
+from contract.expr import And, Arith, Between, Cmp, Col, InList, IsNull, Like, Lit, Not, Or, compile_filter
 from warehouse.plan import OutputColumn, RelationRef
 from warehouse.sql_views import ViewDefinitionError, parse_view
 

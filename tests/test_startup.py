@@ -11,7 +11,7 @@ import httpx
 
 from api.auth import issue_token
 from api.manager_app import create_app
-from pvm.serving import http_url, listen, start_serving, uvicorn_server
+from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
 from warehouse.store.memory import MemoryStore

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-from api.schemas import Subquery, SubqueryAnswer
+from contract.schemas import Subquery, SubqueryAnswer
+from contract.zset import ZSet
 from warehouse.plan import ViewPlan
 from warehouse.protocol import ViewProtocol, ViewUpdate
 from warehouse.sql_views import parse_view
 from warehouse.view_change import ViewChange
-from warehouse.zset import ZSet
 from wrappers.priority import PriorityLimiter
 
 CHAIN = "SELECT R1.A AS a1, R2.A AS a2, R3.A AS a3 FROM s1.R1, s2.R2, s3.R3 WHERE R1.A = R2.B AND R2.A = R3.B"

@@ -14,10 +14,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from api.schemas import NAN, loads_wire_json
-from pvm.local import LocalDeployment
-from warehouse.zset import ZSet
-from wrappers.three_sources import WrapperSet
+from contract.schemas import NAN, loads_wire_json
+from contract.zset import ZSet
+from pvm.bench.three_sources import WrapperSet
+from pvm.local_deployment import LocalDeployment
 
 VIEW = "CREATE VIEW v AS SELECT i.id, i.val, i.name FROM {source}.items i WHERE i.val > 0"
 

@@ -8,10 +8,19 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from api.schemas import NAN, Change, Subquery, SubqueryAnswer, Update, UpdateBatch, dumps_wire_json, loads_wire_json
+from contract.expr import Cmp, Col, Lit, compile_filter
+from contract.schemas import (
+    NAN,
+    Change,
+    Subquery,
+    SubqueryAnswer,
+    Update,
+    UpdateBatch,
+    dumps_wire_json,
+    loads_wire_json,
+)
+from contract.zset import ZSet
 from warehouse.catalog.db import Catalog, NewUpdate, content_digest
-from warehouse.expr import Cmp, Col, Lit, compile_filter
-from warehouse.zset import ZSet
 
 NON_FINITE = [math.inf, -math.inf, float("nan")]
 

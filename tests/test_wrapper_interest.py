@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.schemas import Interest, RelationInterest
+from contract.schemas import Interest, RelationInterest
 from wrappers.capture.base import OutboxRow
 from wrappers.errors import InvalidRequest
 from wrappers.interest import ChangeFilter

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pvm.wrapper_process import start_wrapper
 from tests.fake_manager import FakeManager
-from wrappers.process import start_wrapper
 
 SOURCE = "legacy"
 CAPTURE_ARGS = {

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from api.schemas import KEY_RELATION, Subquery
-from warehouse.expr import And, Arith, Cmp, Col, Expr, IsNull, Like, Lit, compile_filter, to_wire
+from contract.expr import And, Arith, Cmp, Col, Expr, IsNull, Like, Lit, compile_filter, to_wire
+from contract.schemas import KEY_RELATION, Subquery
+from contract.zset import ZSet
 from warehouse.join import extend, local_join
 from warehouse.plan import SweepStep
-from warehouse.zset import ZSet
 from wrappers import query
 from wrappers.capture import sqlite as capture
 from wrappers.errors import InvalidRequest

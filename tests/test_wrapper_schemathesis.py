@@ -16,8 +16,8 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.fake_manager import FakeManager
-from wrappers.process import WrapperProcess, start_wrapper
 
 EXAMPLES = 40
 MANAGER_TOKEN = "schemathesis-manager-token"

@@ -1,6 +1,6 @@
 """The wrapper as a real process over real HTTP, against a stand-in manager.
 
-The last test is the oracle of the watermark handshake (DESIGN.md invariant 3): while a
+The last test is the oracle of the watermark handshake (docs/design.md, invariant 3): while a
 writer commits random transactions, every subquery answer with watermark w must equal the
 join computed in Python over the initial contents plus the shipped updates 1..w.
 """
@@ -17,15 +17,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.schemas import KEY_RELATION, Update
+from contract.expr import Cmp, Col, Expr, Like, Lit, compile_filter, to_wire
+from contract.schemas import KEY_RELATION, Update
+from contract.zset import ZSet
 from pvm.cli import main as pvm_main
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.fake_manager import FakeManager
-from warehouse.expr import Cmp, Col, Expr, Like, Lit, compile_filter, to_wire
 from warehouse.join import extend, local_join
 from warehouse.plan import SweepStep
-from warehouse.zset import ZSet
 from wrappers.errors import WrapperError
-from wrappers.process import WrapperProcess, start_wrapper
 
 SOURCE = "shop"
 TOKEN = "wrapper-secret"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from api.schemas import Change, Interest, RelationInterest
+from contract.schemas import Change, Interest, RelationInterest
 from wrappers.capture import sqlite as capture
 from wrappers.errors import WrapperError
 from wrappers.state import WrapperState

@@ -7,11 +7,11 @@ read vanish; an update that leaves nothing is not the view's concern at all.
 
 from __future__ import annotations
 
+from contract.expr import compile_filter
+from contract.zset import ZSet
 from warehouse.catalog.db import LogEntry
-from warehouse.expr import compile_filter
 from warehouse.plan import ViewPlan
 from warehouse.protocol import ViewUpdate
-from warehouse.zset import ZSet
 
 
 class DeltaExtractor:

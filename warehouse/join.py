@@ -6,7 +6,7 @@ answers a step with rows ``(key index, relation values, count)`` (see ``Subquery
 against a Z-set of relation rows: the local compensation term ``partial ⋈ ΔR`` and the
 oracle's recomputation use it.
 
->>> from warehouse.expr import Col, Cmp
+>>> from contract.expr import Col, Cmp
 >>> from warehouse.plan import SweepStep
 >>> step = SweepStep(1, (Col("r", "b"),), (Col("r", "b"),), Cmp("=", Col("r", "b"), Col("s", "b")))
 >>> sorted(local_join(ZSet({(1,): 2, (2,): 1}), step, ZSet({(1,): 3}), (Col("s", "b"),)).items())
@@ -19,9 +19,9 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from warehouse.expr import Cmp, Col, compile_filter, conjuncts
+from contract.expr import Cmp, Col, compile_filter, conjuncts
+from contract.zset import Row, ZSet
 from warehouse.plan import SweepStep
-from warehouse.zset import Row, ZSet
 
 
 def key_function(step: SweepStep):

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
+from contract.zset import ZSet
 from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
@@ -34,7 +35,6 @@ from warehouse.sources import SourceClient, SourceError
 from warehouse.sources import is_transient as source_unavailable
 from warehouse.store import Effect, StoreError, ViewStore
 from warehouse.view_change import ViewChange
-from warehouse.zset import ZSet
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
-from warehouse import expr
+from contract import expr
+from contract.column_types import spark_type
+from contract.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
+from contract.zset import ZSet, row_order
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
@@ -31,8 +33,6 @@ from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
-from warehouse.store.types import spark_type
-from warehouse.zset import ZSet, row_order
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ the partial result yet, the first one in SWEEP's order that does is taken instea
 chain or path written in its order that is SWEEP's order; for any other FROM order of a
 connected view it avoids the cross product SWEEP's order would ship.
 
->>> from warehouse.expr import Col, Cmp
+>>> from contract.expr import Col, Cmp
 >>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
 >>> s = RelationRef("s", "s2", "s", ("b",), None)
 >>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "b"), Col("s", "b")),), (OutputColumn("a", Col("r", "a")),))
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from warehouse.expr import Col, Expr, columns, conjoin, relations
+from contract.expr import Col, Expr, columns, conjoin, relations
 
 
 @dataclass(frozen=True)

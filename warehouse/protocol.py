@@ -29,7 +29,7 @@ compensate when an answer arrives, and the answer is decided by the state at tha
   relations: its own later relations are subtracted, its earlier ones kept.
 * **Watermark W**: the largest order such that every order <= W is committed.
 
->>> from warehouse.zset import ZSet
+>>> from contract.zset import ZSet
 >>> p = ViewProtocol(parallelism=2)
 >>> p.receive(ViewUpdate(1, "s1", 1, {0: ZSet({(1,): 1})}))
 >>> p.receive(ViewUpdate(2, "s2", 1, {1: ZSet({(2,): 1})}))
@@ -53,8 +53,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from contract.zset import ZSet
 from warehouse.update_index import SourceRuns, UpdateQueue
-from warehouse.zset import ZSet
 
 DEFAULT_BATCH_SIZE = 1000
 """A view's ``batch_size`` unless defined with one: units take a backlog set-oriented."""
@@ -261,7 +261,7 @@ class ViewProtocol:
         """Units started but not committed before a restart wait, with their order numbers,
         until ``restart`` moves them into the PPU, oldest first, as slots free.
 
-        >>> from warehouse.zset import ZSet
+        >>> from contract.zset import ZSet
         >>> p = ViewProtocol(parallelism=1)
         >>> def update(log_id, seq): return ViewUpdate(log_id, "s", seq, {0: ZSet({(seq,): 1})})
         >>> p.recover([Unit(3, (update(7, 3),)), Unit(2, (update(6, 2),))])
@@ -298,7 +298,7 @@ class ViewProtocol:
         from now on; ``earlier``: a shelf taken back by ``unshelve`` whose read failed. Only
         while nothing runs: a running unit compensates with queued updates.
 
-        >>> from warehouse.zset import ZSet
+        >>> from contract.zset import ZSet
         >>> p = ViewProtocol(parallelism=2)
         >>> p.receive(ViewUpdate(10, "s", 5, {0: ZSet({(1,): 1})}))
         >>> p.shelve(); p.receive(ViewUpdate(11, "s", 6, {0: ZSet({(2,): 1})}))

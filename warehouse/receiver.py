@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.schemas import Ack, Update
+from contract.schemas import Ack, Update
 from warehouse.catalog.db import LogEntry, NewUpdate, SeqConflict, content_digest
 
 DEFAULT_SEQ_WINDOW = 100_000

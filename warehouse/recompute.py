@@ -7,7 +7,7 @@ projection: obvious, and sharing nothing with incremental maintenance but the pr
 language. It is the oracle the tests hold maintenance to, and what ``pvm demo``
 verifies the maintained view against (Garg's "first principle": recompute and compare).
 
->>> from warehouse.expr import Col, Cmp
+>>> from contract.expr import Col, Cmp
 >>> from warehouse.plan import OutputColumn, RelationRef, ViewPlan
 >>> r, s = RelationRef("r", "a", "r", ("k",)), RelationRef("s", "b", "s", ("k",))
 >>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "k"), Col("s", "k")),), (OutputColumn("k", Col("r", "k")),))
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from warehouse import expr
+from contract import expr
+from contract.zset import ZSet
 from warehouse.plan import RelationRef, ViewPlan
-from warehouse.zset import ZSet
 
 
 def recompute(
@@ -60,7 +60,7 @@ def _join_order(
     column equality to those before it, else the first left: no connected view is joined
     through a cross product, whatever its FROM order.
 
-    >>> from warehouse.expr import Col, Cmp
+    >>> from contract.expr import Col, Cmp
     >>> from warehouse.plan import OutputColumn
     >>> a, c, b = (RelationRef(x, "s", x, ("k",)) for x in "acb")
     >>> chain = (Cmp("=", Col("a", "k"), Col("b", "k")), Cmp("=", Col("b", "k"), Col("c", "k")))

@@ -1,7 +1,7 @@
 """How the manager talks to a source: the ``SourceClient`` protocol and its HTTP client.
 
 The wrapper of a source answers three requests: its schema, a SWEEP subquery (answered
-with the source's watermark, DESIGN.md invariant 3) and the views' interest (which changes
+with the source's watermark, docs/design.md, invariant 3) and the views' interest (which changes
 are worth shipping). Transport failures and 5xx answers are retried with backoff: a
 subquery may be asked again at any time, since its answer is compensated by its own
 watermark. A 4xx answer is a bug or a misconfiguration and is raised at once.
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from api.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
+from contract.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from warehouse import sql_bounds
-from warehouse.expr import (
+from contract.expr import (
     And,
     Arith,
     Between,
@@ -58,6 +57,7 @@ from warehouse.expr import (
     conjoin,
     relations,
 )
+from warehouse import sql_bounds
 from warehouse.plan import OutputColumn, RelationRef, ViewPlan
 
 Schema = Callable[[str, str], Sequence[str] | None]

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import sqlglot
 from sqlglot import exp
 
-from api.schemas import NAN, Subquery
-from warehouse import expr
+from contract import expr
+from contract.schemas import NAN, Subquery
+from contract.zset import Row, ZSet, row_order
 from warehouse.catalog.db import LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
-from warehouse.zset import Row, ZSet, row_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -20,13 +20,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from api.schemas import KEY_RELATION, Subquery, SubqueryAnswer
-from warehouse import expr
+from contract import expr
+from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
+from contract.zset import ZSet, total
 from warehouse.join import distinct_keys, extend, local_join
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
-from warehouse.zset import ZSet, total
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.schemas import Change, Interest
-from warehouse.expr import Col, WireError, columns, compile_filter, from_wire
+from contract.expr import Col, WireError, columns, compile_filter, from_wire
+from contract.schemas import Change, Interest
 from wrappers.capture.base import OutboxRow
 from wrappers.errors import InvalidRequest
 from wrappers.quarantine import Fitness

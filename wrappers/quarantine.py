@@ -48,8 +48,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from api.schemas import NAN
-from warehouse.store.types import spark_type
+from contract.column_types import spark_type
+from contract.schemas import NAN
 from wrappers.capture.types import Family, family_of
 from wrappers.schema import SourceSchema, TableSchema
 

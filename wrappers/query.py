@@ -13,12 +13,12 @@ Every identifier is resolved against the reflected schema before anything runs, 
 value is a bound parameter. Preparation (validation) happens before the wrapper takes a
 snapshot; evaluation runs inside the snapshot the watermark describes.
 
-The manager evaluates the same predicates in Python (``warehouse.expr``), and both must
+The manager evaluates the same predicates in Python (``contract.expr``), and both must
 agree on every row. SQLite does (case-sensitive LIKE is switched on, text compares by code
 point). PostgreSQL and MariaDB get help: text columns are compared under a binary collation
 (PostgreSQL ``"C"``; MariaDB ``utf8mb4_nopad_bin``, which is also case- and
 trailing-space-sensitive, also for GROUP BY), and a backslash in a LIKE pattern is escaped,
-since both treat it as LIKE's escape character and ``warehouse.expr`` does not. Their key
+since both treat it as LIKE's escape character and ``contract.expr`` does not. Their key
 columns are typed after the relation column they are compared with (else after the values).
 """
 
@@ -37,8 +37,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from api.schemas import KEY_RELATION, Subquery
-from warehouse.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
+from contract.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
+from contract.schemas import KEY_RELATION, Subquery
 from wrappers.capture.types import Family, family_of, wire_value
 from wrappers.errors import InvalidRequest
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, checked_family, fit_clause
@@ -234,7 +234,7 @@ def _key_width(on: Expr | None) -> int:
     return 1 + max((int(m.group(1)) for n in refs if (m := re.fullmatch(r"k(\d+)", n))), default=-1)
 
 
-# -- PostgreSQL and MariaDB: the same answers as warehouse.expr ---------------------------------
+# -- PostgreSQL and MariaDB: the same answers as contract.expr ---------------------------------
 class _Binary(sa.sql.expression.ColumnElement[Any]):
     """A text column compared, grouped and selected under a binary collation.
 
@@ -265,7 +265,7 @@ def _binary_mariadb(element: _Binary, compiler: Any, **kw: Any) -> str:
 
 
 def _escape_backslashes(e: Expr | None) -> Expr | None:
-    """LIKE patterns with each backslash escaped, so it matches itself as in warehouse.expr."""
+    """LIKE patterns with each backslash escaped, so it matches itself as in contract.expr."""
     if isinstance(e, Like):
         return dataclasses.replace(e, pattern=e.pattern.replace("\\", "\\\\"))
     if isinstance(e, (And, Or)):

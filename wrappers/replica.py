@@ -1,7 +1,7 @@
 """The wrapper's own copy of a source's captured relations, for sources that cannot tie a
 change to a query snapshot (timestamp and application capture; snapshot differentials).
 
-Invariant 3 (DESIGN.md) asks every subquery answer to reflect exactly the updates with
+Invariant 3 (docs/design.md) asks every subquery answer to reflect exactly the updates with
 seq <= its watermark. A source whose changes arrive by polling timestamps or by the
 application posting them has no snapshot in which "shipped" and "visible" coincide, so the
 wrapper answers from this replica instead: a SQLite file in the wrapper's state directory,
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from warehouse.file_modes import PRIVATE
+from contract.file_modes import PRIVATE
 from wrappers.capture import sqlite as sqlite_capture
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.schema import SourceSchema, TableSchema

@@ -13,7 +13,7 @@ import httpx
 import pydantic
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential
 
-from api.schemas import Ack, Update, UpdateBatch
+from contract.schemas import Ack, Update, UpdateBatch
 
 log = logging.getLogger(__name__)
 

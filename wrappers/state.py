@@ -1,6 +1,6 @@
 """The wrapper's durable state, in its own SQLite file (never inside the source).
 
-It holds what must survive a restart for invariants 1 and 2 (DESIGN.md):
+It holds what must survive a restart for invariants 1 and 2 (docs/design.md):
 
 * ``last_seq``: the last seq assigned; seqs are assigned here, once, gap-free;
 * ``pending``: assigned updates not yet acknowledged, with their exact payload, resent with
@@ -16,7 +16,7 @@ It holds what must survive a restart for invariants 1 and 2 (DESIGN.md):
 Every change is one SQLite transaction with ``synchronous = FULL``: a seq is durable before
 the update is sent. An exclusive file lock keeps a second wrapper off the same state.
 
-The state directory is 0700 and the source's files in it 0600 (``warehouse.file_modes``):
+The state directory is 0700 and the source's files in it 0600 (``contract.file_modes``):
 pending updates are rows of the source. Files of an earlier run open to others are tightened.
 """
 
@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from api.schemas import Change, Interest, Update
-from warehouse.file_modes import PRIVATE
+from contract.file_modes import PRIVATE
+from contract.schemas import Change, Interest, Update
 from wrappers.errors import WrapperError
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")

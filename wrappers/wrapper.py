@@ -3,7 +3,7 @@
 The capture lock serializes everything that assigns seqs: a poll's capture, a pull's
 capture, a subquery's snapshot and capture, an Interest change. The ship lock makes the
 ship loop and the subqueries ship one at a time. That is what makes invariant 3 hold
-(DESIGN.md): a subquery opens its snapshot and captures under the capture lock, so every
+(docs/design.md): a subquery opens its snapshot and captures under the capture lock, so every
 change captured earlier is visible in it, every change visible in it gets a seq <= its
 watermark, and every seq assigned later is above it; it then ships until all of them are
 acknowledged. An Interest change takes only the capture lock: it needs seqs, not
@@ -38,7 +38,14 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from api.schemas import MAX_CHANGES_PER_UPDATE, MAX_UPDATES_PER_POST, Interest, InterestAck, Subquery, SubqueryAnswer
+from contract.schemas import (
+    MAX_CHANGES_PER_UPDATE,
+    MAX_UPDATES_PER_POST,
+    Interest,
+    InterestAck,
+    Subquery,
+    SubqueryAnswer,
+)
 from wrappers import query
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow

@@ -4,7 +4,7 @@ Two measurements in one run, on one Spark session:
 
 1. **Grouped commits.** Effect rows per second committed to Spark when the commit manager
    appends many ready effects at once, against one Spark append per effect, side by side on
-   the same store (``warehouse.store.bench.bench_commit``).
+   the same store (``pvm.bench.grouped_appends.bench_commit``).
 2. **Freshness.** A whole deployment (three SQLite sources with trigger capture and their
    wrapper processes, the manager, the Spark store with background compaction) maintains a
    three-way join view while a writer process commits source transactions at a steady
@@ -118,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, data_dir: Path) -> dict:
     from rich.console import Console
 
-    from pvm.local import catalog_url
+    from pvm.bench.grouped_appends import bench_commit
+    from pvm.local_deployment import catalog_url
     from pvm.serve import open_store
-    from warehouse.store.bench import bench_commit
 
     console = Console(stderr=True)
     with console.status("starting Spark"):
@@ -289,7 +289,7 @@ class Freshness:
             await asyncio.to_thread(self.analysts.stop)
 
     async def _run_deployment(self, paths: dict[str, Path], compactor) -> dict:
-        from pvm.local import LocalDeployment
+        from pvm.local_deployment import LocalDeployment
 
         async with LocalDeployment(self.data_dir, self.store) as deployment:
             for source, (table, _) in SCHEMAS.items():

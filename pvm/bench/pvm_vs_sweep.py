@@ -94,7 +94,7 @@ def chain_view(name: str, m: int, p: int) -> str:
 async def measure(args: argparse.Namespace, ps: list[int], modes: list[str]) -> list[dict]:
     from rich.progress import Progress
 
-    from pvm.local import LocalDeployment
+    from pvm.local_deployment import LocalDeployment
     from warehouse.counters import SECONDS_BUCKETS, Histogram
 
     rng = random.Random(args.seed)

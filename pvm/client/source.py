@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from api.schemas import CAPTURE_METHODS, wrapper_url_problem
+from contract.schemas import CAPTURE_METHODS, wrapper_url_problem
 from pvm.cli import CliError
 from pvm.client import Api, comma_list, connection_options, done, print_fields, print_json, print_table
 from pvm.secret_options import SecretOption

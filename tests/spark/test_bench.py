@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse.store.bench import bench_commit
+from pvm.bench.grouped_appends import bench_commit
 from warehouse.store.spark import SparkStore
 
 pytestmark = pytest.mark.spark

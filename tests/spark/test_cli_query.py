@@ -13,7 +13,7 @@ import uvicorn
 from api.auth import issue
 from api.manager_app import create_app
 from pvm.cli import main
-from pvm.serving import http_url, listen, start_serving
+from pvm.http_server import http_url, listen, start_serving
 from tests.spark.analyst_support import change, join_sql, settle, sim_manager
 from warehouse.store.spark import SparkStore
 

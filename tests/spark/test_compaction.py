@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect, StoreError
 from warehouse.store.compaction import CompactionPolicy, Compactor
 from warehouse.store.spark import SparkStore, ZlogStats, _part_files, _read_footer
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

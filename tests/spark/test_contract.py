@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect, StoreError, ViewStore
 from warehouse.store.memory import MemoryStore
-from warehouse.zset import ZSet
 
 E1 = Effect(1, ZSet({(1, "a"): 1, (2, "b"): 2}))
 E2 = Effect(2, ZSet({(1, "a"): -1, (3, "c"): 1}))

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from contract.zset import ZSet
 from tests.sim import recompute, start_sim_manager
 from tests.spark.analyst_support import TABLES, change, join_sql, settle
 from warehouse.catalog.db import Catalog, StoreRecords
 from warehouse.store.base import Effect
 from warehouse.store.published import PublishedViews
 from warehouse.store.spark import SparkStore, _part_files
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from api.auth import issue_token
+from pvm.wrapper_process import start_wrapper
 from warehouse.catalog.db import Catalog
 from warehouse.store.spark import SparkStore
-from wrappers.process import start_wrapper
 
 pytestmark = pytest.mark.spark
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect
 from warehouse.store.spark import SparkStore
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

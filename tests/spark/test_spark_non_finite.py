@@ -9,10 +9,10 @@ import math
 import pytest
 from pyspark.sql import SparkSession
 
-from api.schemas import NAN
+from contract.schemas import NAN
+from contract.zset import ZSet
 from warehouse.store.base import Effect
 from warehouse.store.spark import SparkStore
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect, StoreError
 from warehouse.store.spark import SparkStore, _part_files
 from warehouse.store.spark_session import get_spark
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

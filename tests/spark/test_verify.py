@@ -13,15 +13,15 @@ from pyspark.sql import SparkSession
 
 from api.auth import issue
 from api.manager_app import create_app
+from contract.zset import ZSet
 from pvm.cli import main
-from pvm.serving import http_url, listen, start_serving, uvicorn_server
+from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from tests.sim import SimSource
 from tests.spark.analyst_support import TABLES, change, join_sql, sim_manager
 from warehouse.manager import Manager
 from warehouse.store.memory import MemoryStore
 from warehouse.store.spark import SparkStore
 from warehouse.verify import Report, differences, reflected_seqs, verify_view
-from warehouse.zset import ZSet
 
 pytestmark = pytest.mark.spark
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import httpx
 
+from warehouse.analysts.engine import CONNECT_TOKEN_ENV
 from warehouse.analysts.messages import Published, QueryRequest, QueryResult, RowsRequest, RowsResult, WorkerHealth
-from warehouse.analysts.worker import CONNECT_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class AnalystProcess:
         command = [
             sys.executable,
             "-m",
-            "warehouse.analysts.worker",
+            "api.analysts_worker",
             "--socket",
             str(self.socket),
             "--work-dir",

@@ -20,10 +20,10 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
 import migrations
-from api.schemas import dumps_wire_json, loads_wire_json
+from contract.file_modes import PRIVATE
+from contract.schemas import dumps_wire_json, loads_wire_json
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
-from warehouse.file_modes import PRIVATE
 
 
 class CatalogError(Exception):

@@ -24,7 +24,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy.engine import make_url
 
-from warehouse.file_modes import PRIVATE
+from contract.file_modes import PRIVATE
 
 KEY_FILE = "catalog.key"
 

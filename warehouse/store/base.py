@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from warehouse.zset import ZSet
+from contract.zset import ZSet
 
 # Names of the Spark store's own tables (``warehouse/store/spark.py``). They live here, free
 # of pyspark, so that the analysts' API can refuse them without importing Spark.

@@ -17,7 +17,7 @@ Call ``share_with_group`` before anything reads the choice (before the Spark ses
 
 from __future__ import annotations
 
-from warehouse.file_modes import FileModes
+from contract.file_modes import FileModes
 
 OWNER_ONLY = FileModes(dir_mode=0o700, file_mode=0o600)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect, StoreError
-from warehouse.zset import ZSet
 
 
 class MemoryStore:

@@ -61,10 +61,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from api.schemas import NAN, loads_wire_json
+from contract.schemas import NAN, loads_wire_json
+from contract.zset import Row, ZSet
 from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
 from warehouse.store.file_access import store_files
-from warehouse.zset import Row, ZSet
 
 WEIGHT = "_w"
 ORDER = "_order"
@@ -347,7 +347,7 @@ class RowCodec:
         self.json = all(self.json_columns)
         spark_types = [StringType() if t is None else _parse(t) for t in (types or (None,) * len(columns))]
         self._bool_columns = [isinstance(t, BooleanType) for t in spark_types]
-        # every NaN read back is the one object Z-sets can cancel (api.schemas.NAN)
+        # every NaN read back is the one object Z-sets can cancel (contract.schemas.NAN)
         self._float_columns = [isinstance(t, (DoubleType, FloatType)) for t in spark_types]
         view_fields = [StructField(c, t) for c, t in zip(columns, spark_types)]
         self.base_schema = StructType([*view_fields, StructField(WEIGHT, LongType())])

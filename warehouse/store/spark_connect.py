@@ -1,6 +1,6 @@
 """A Spark Connect server on a process's own Spark session.
 
-The analysts' query process (``warehouse/analysts/worker.py``) starts one on loopback, with a
+The analysts' query process (``api/analysts_worker.py``) starts one on loopback, with a
 token only the manager's Connect gateway (``api/connect_gateway.py``) knows; analysts never
 reach it directly. The server is the one shipped in PySpark's own jars
 (``spark-connect_2.13-*.jar``), so nothing is downloaded. Every Connect client gets its own

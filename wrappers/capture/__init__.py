@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from api.schemas import CAPTURE_METHODS
+from contract.schemas import CAPTURE_METHODS
 from wrappers.capture.base import CaptureDialect
 from wrappers.capture.snapshots import SnapshotOptions
 from wrappers.differential import SnapshotError

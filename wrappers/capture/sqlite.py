@@ -73,7 +73,7 @@ def open_engine(url: str) -> sa.Engine:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
-        # warehouse.expr evaluates LIKE case-sensitively; the source must agree.
+        # contract.expr evaluates LIKE case-sensitively; the source must agree.
         dbapi_connection.execute("PRAGMA case_sensitive_like = ON")
         dbapi_connection.execute("PRAGMA temp_store = MEMORY")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from wrappers.cli import MANAGER_TOKEN_ENV, SOURCE_URL_ENV, TOKEN_ENV
+from pvm.wrapper import MANAGER_TOKEN_ENV, SOURCE_URL_ENV, TOKEN_ENV
 from wrappers.errors import WrapperError
 
 _LISTENING = re.compile(r"wrapper (\S+) listening on (http://\S+)")

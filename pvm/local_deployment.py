@@ -34,7 +34,7 @@ class LocalDeployment:
     async def __aenter__(self) -> LocalDeployment:
         from api.auth import issue
         from api.manager_app import create_app
-        from pvm.serving import http_url, listen, start_serving, uvicorn_server
+        from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 
         try:
             sock = listen("127.0.0.1", self.port)
@@ -66,7 +66,7 @@ class LocalDeployment:
         import secrets
 
         from api.auth import issue
-        from wrappers.process import start_wrapper
+        from pvm.wrapper_process import start_wrapper
 
         wrapper_token = (await issue(self.manager, "wrapper", source=name, name=f"local wrapper of {name}"))[1]
         manager_token = secrets.token_urlsafe(32)

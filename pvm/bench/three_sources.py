@@ -23,8 +23,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from contract.zset import ZSet
 from warehouse.recompute import recompute
-from warehouse.zset import ZSet
 
 TABLES = {
     "pg": ("r", "CREATE TABLE r (id INTEGER PRIMARY KEY, b INTEGER, note VARCHAR(20))", ("id", "b", "note")),
@@ -183,7 +183,7 @@ class WrapperSet:
         return await self._start(name, port=int(old.url.rsplit(":", 1)[1]))
 
     async def _start(self, name: str, port: int) -> Any:
-        from wrappers.process import start_wrapper
+        from pvm.wrapper_process import start_wrapper
 
         options = dict(self._started[name])
         wrapper = await asyncio.to_thread(

@@ -183,7 +183,7 @@ class Subquery(BaseModel):
 
     ``on`` reads key column j of the partial result as ``{"col": ["$key", "k<j>"]}`` and the
     relation's columns as ``{"col": [alias, column]}``; ``where`` is the relation's local
-    predicate. Expressions use the JSON form of ``warehouse.expr``. When more subqueries
+    predicate. Expressions use the JSON form of ``contract.expr``. When more subqueries
     wait than the source answers at once, the smallest ``priority`` goes first: the manager
     sends the time its maintenance unit started, so the oldest unit is served first.
     """
@@ -209,7 +209,7 @@ class Subquery(BaseModel):
 
 class SubqueryAnswer(BaseModel):
     """``rows`` are ``[key index, *selected values, count]``: the join as of ``watermark``,
-    which covers exactly the updates with seq <= watermark (DESIGN.md invariant 3)."""
+    which covers exactly the updates with seq <= watermark (docs/design.md, invariant 3)."""
 
     watermark: int = Field(ge=0, le=INT64_MAX)
     rows: list[list[AnyValue]]

@@ -354,8 +354,8 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from api.wrapper_app import create_app
-    from pvm.serving import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
-    from warehouse.file_modes import restrict_umask
+    from contract.file_modes import restrict_umask
+    from pvm.http_server import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from wrappers.state import default_state_dir
     from wrappers.wrapper import Wrapper, WrapperConfig
 

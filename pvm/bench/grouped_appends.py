@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from contract.zset import ZSet
 from warehouse.store.base import Effect, ViewStore
-from warehouse.zset import ZSet
 
 _COLUMNS = ("k", "name", "amount")
 

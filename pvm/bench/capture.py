@@ -12,7 +12,7 @@
    connections per source, while a marker transaction every ``--marker-interval`` seconds
    inserts a row that joins into the view; freshness is the time from a marker's commit
    to its row being readable in the view (as of the watermark). After the writers stop,
-   the view must converge, and the maintenance oracle (``wrappers.three_sources``) must
+   the view must converge, and the maintenance oracle (``pvm.bench.three_sources``) must
    hold for every watermark and for the live databases.
 
 The servers default to the development ones; the benchmark works in a scratch schema
@@ -200,7 +200,7 @@ def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
 
 # -- 2. freshness and convergence of a view over three databases --------------------------------
 async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pvm.local import LocalDeployment
+    from pvm.local_deployment import LocalDeployment
     from wrappers import three_sources as scenario
 
     with tempfile.TemporaryDirectory(prefix="pvm-bench-capture-") as tmp:
@@ -260,7 +260,7 @@ async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any
 
 
 def add_anchors(urls: dict[str, str]) -> None:
-    from wrappers.three_sources import TABLES
+    from pvm.bench.three_sources import TABLES
 
     by_table = {table: source for source, (table, _, _) in TABLES.items()}
     for rows in ANCHORS.values():
@@ -275,7 +275,7 @@ def add_anchors(urls: dict[str, str]) -> None:
 
 def write_markers(urls: dict[str, str], interval: float, stop: threading.Event, commits: list) -> None:
     """Round-robin over the sources, one marker row per transaction, until ``stop``."""
-    from wrappers.three_sources import TABLES
+    from pvm.bench.three_sources import TABLES
 
     rows = {
         "pg": lambda k: {"id": k, "b": 77, "note": "n-marker"},

@@ -1,24 +1,12 @@
-"""The analysts' query process (``python -m warehouse.analysts.worker``), started by
-``pvm serve`` (``supervisor.py``); nobody else starts it.
+"""The engine of the analysts' query process: a Spark application of its own that answers
+analysts' SQL and row pages over the views, as the manager's store records them.
 
-It runs its own Spark application (its own JVM, capped by ``--memory``), shows the views as
-the manager's store records them (``PublishedViews``) and answers, over HTTP on a Unix
-socket:
-
-* ``POST /publish``: new store records;
-* ``POST /query``: checked analyst SQL, at most ``limit`` rows and ``max_bytes`` of answer;
-* ``POST /rows``: a sorted page of one view's rows, read from the files a record names;
-* ``POST /cancel``: cancel the Spark jobs of a running query (its tasks are interrupted);
-* ``GET /health``: ready, the queries running, the Connect port.
-
-Queries run on a pool of ``--concurrency`` threads, never on the event loop, so health and
-cancellation answer while every thread is busy. When the JVM dies (an out-of-memory error
-ends it: ``-XX:+ExitOnOutOfMemoryError``), or tasks of cancelled jobs keep running past
-``--reap-after`` (a tight loop never looks at its interrupt, and it holds a core), the
-process exits, and the manager starts a new one.
-
-It reads the store's files and writes only under ``--work-dir`` (Spark's scratch space);
-run as an OS user of its own (``pvm serve --analyst-user``), it can do nothing else.
+``api/analysts_worker.py`` serves it over HTTP on a Unix socket; ``supervisor.py`` starts,
+watches and restarts that process. Queries run on a pool of ``concurrency`` threads, never
+on the event loop, so health and cancellation answer while every thread is busy. When the JVM
+dies (an out-of-memory error ends it: ``-XX:+ExitOnOutOfMemoryError``), or tasks of cancelled
+jobs keep running past ``reap_after`` (a tight loop never looks at its interrupt, and it holds
+a core), ``watch_jvm`` ends the process, and the manager starts a new one.
 """
 
 from __future__ import annotations
@@ -31,7 +19,6 @@ import decimal
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,18 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-
-from api.schemas import encode_value
+from contract.schemas import encode_value
 from warehouse.analysts.messages import (
-    Cancel,
     Published,
     QueryRequest,
     QueryResult,
     RowsRequest,
     RowsResult,
-    WorkerHealth,
 )
 
 log = logging.getLogger("pvm.analysts")
@@ -271,50 +253,6 @@ def watch_jvm(engine: Engine, reap_after: float, interval: float = 1.0) -> None:
     threading.Thread(target=loop, name="jvm-watch", daemon=True).start()
 
 
-def create_app(engine: Engine, connect_port: int | None) -> FastAPI:
-    app = FastAPI(title="pvm analysts' query process", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(QueryFailed)
-    async def failed(_: Any, exc: QueryFailed) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
-
-    @app.exception_handler(Exception)
-    async def broken(_: Any, exc: Exception) -> JSONResponse:
-        log.exception("analysts' query process: unexpected error")
-        return JSONResponse({"detail": f"{type(exc).__name__}: {spark_message(exc)}"}, status_code=503)
-
-    @app.get("/health")
-    async def health() -> WorkerHealth:
-        zombies = await engine.in_control(engine.zombie_tasks)
-        return WorkerHealth(
-            ready=True,
-            running=engine.running(),
-            zombie_tasks=zombies,
-            views=len(engine.views.names()),
-            connect_port=connect_port,
-        )
-
-    @app.post("/publish")
-    async def publish(body: Published) -> dict[str, int]:
-        await engine.publish(body)
-        return {"views": len(engine.views.names())}
-
-    @app.post("/query")
-    async def query(body: QueryRequest) -> QueryResult:
-        return await engine.in_pool(engine.query, body)
-
-    @app.post("/rows")
-    async def rows(body: RowsRequest) -> RowsResult:
-        return await engine.in_pool(engine.rows, body)
-
-    @app.post("/cancel")
-    async def cancel(body: Cancel) -> dict[str, bool]:
-        await engine.in_control(engine.cancel, body.tag)
-        return {"cancelled": True}
-
-    return app
-
-
 SPARK_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -360,40 +298,3 @@ def start_spark(args: argparse.Namespace) -> Any:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings["spark.log.level"])
     return spark
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warehouse.analysts.worker")
-    parser.add_argument("--socket", required=True, help="the Unix socket to answer on")
-    parser.add_argument("--work-dir", required=True, help="Spark's scratch space")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--memory", default="1g", help="the JVM's heap (spark.driver.memory)")
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--connect-port", type=int, default=-1, help="Spark Connect on loopback; -1: none")
-    parser.add_argument("--spark-conf", action="append", default=[])
-    parser.add_argument("--reap-after", type=float, default=10.0, help="seconds cancelled tasks may keep running")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    spark = start_spark(args)
-    connect_port = None
-    if args.connect_port >= 0:
-        from warehouse.store.spark_connect import start_connect_server
-
-        token = os.environ.get(CONNECT_TOKEN_ENV) or None
-        connect_port = start_connect_server(spark, "127.0.0.1", args.connect_port, token).port
-    engine = Engine(spark, args.concurrency)
-    watch_jvm(engine, args.reap_after)
-
-    import uvicorn
-
-    socket_path = Path(args.socket)
-    socket_path.unlink(missing_ok=True)
-    config = uvicorn.Config(create_app(engine, connect_port), uds=str(socket_path), log_config=None, access_log=False)
-    log.info("analysts' query process ready on %s", socket_path)
-    uvicorn.Server(config).run()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,15 @@
+"""The contract every side depends on: what travels between wrappers and the manager.
+
+- ``schemas``: the wire messages (updates, subqueries and answers, interest) and how values
+  travel in them (non-finite floats tagged, bounds on sizes);
+- ``expr``: the predicate language of view definitions, its evaluation and its wire form;
+- ``zset``: Z-sets, the signed bags that deltas, answers and views all are;
+- ``column_types``: the view column types that source column types map to (a wrapper
+  quarantines a row that cannot fit them, the store declares them);
+- ``file_modes``: files at rest are owner-only, for every process that keeps some.
+
+It imports nothing of the project: ``warehouse`` (the manager) and ``wrappers`` (the sources'
+side) stand on it side by side, ``api`` (HTTP) on those, and ``pvm`` (commands, the demo,
+benchmarks) on top. The layers are checked by ``lint-imports`` (``[tool.importlinter]`` in
+pyproject.toml).
+"""
