@@ -218,7 +218,7 @@ class ConnectGateway:
 
     async def _refused(self, context: grpc.aio.ServicerContext, check: Callable[[], None]) -> None:
         try:  # parsing SQL in a plan takes a while: not on the gateway's event loop
-            await asyncio.to_thread(check)
+            await self._analysts.check(check)  # the analysts' check threads, not the shared pool
         except Refused as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 

@@ -349,6 +349,11 @@ class ReadyOut(BaseModel):
     catalog: str
     store: str = Field(default="ok", description="the view store answers")
     views: dict[str, int] = Field(description="how many views are in each state (initializing, active, failed)")
+    sources: list[str] = Field(
+        default_factory=list,
+        description="sources whose wrapper does not answer or whose capture is blocked: reported, but they do not "
+        "make the manager unready (their views stay readable as of W; the fix is at the source)",
+    )
 
 
 class TokenIn(BaseModel):
@@ -645,7 +650,9 @@ def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
         description="Ready to serve: started, the catalog database answers, the view store answers a cheap probe (a "
         "trivial call into Spark's JVM, at most every 5 s, 5 s timeout) and no view's maintenance is stalled (work "
         "pending and no progress for the watchdog's limit). Counts the views in each state (a failed view does not "
-        "make the manager unready; `/v1/health` lists it). 503 naming every reason when not ready. No token needed.",
+        "make the manager unready; `/v1/health` lists it). Sources whose wrapper does not answer or whose capture is "
+        "blocked are listed in `sources` without making it unready. 503 naming every reason when not ready. No token "
+        "needed.",
         responses=errors(503),
     )
     async def ready() -> ReadyOut | JSONResponse:
@@ -661,7 +668,9 @@ def _service_routes(manager: Manager, app: FastAPI) -> APIRouter:
         if reasons:
             return JSONResponse({"detail": "not ready: " + "; ".join(reasons), "problems": reasons}, status_code=503)
         states = Counter(h.info.state for h in manager.views.values())
-        return ReadyOut(ready=True, catalog="ok", store="ok", views=dict(sorted(states.items())))
+        return ReadyOut(
+            ready=True, catalog="ok", store="ok", views=dict(sorted(states.items())), sources=manager.source_problems()
+        )
 
     @router.get(
         "/metrics",

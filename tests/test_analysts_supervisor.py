@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pwd
 import subprocess
+import threading
 
 import pytest
 
@@ -119,3 +120,30 @@ def test_an_analyst_user_may_read_the_store_and_nothing_else(tmp_path, monkeypat
     assert mode(data / "spark" / "views" / "v" / "part-0.parquet") == (0o640, group)
     assert stat.S_IMODE(os.stat(data / KEY_FILE).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(data / ADMIN_TOKEN_FILE).st_mode) == 0o600
+
+
+async def test_sql_is_checked_after_admission_on_the_analysts_own_threads(tmp_path, monkeypatch) -> None:
+    """Checking analyst SQL parses it, which takes a while for a long statement: it must run
+    neither on the event loop nor on the default pool that commits, publishes and token checks
+    share, and a request over the limits must not cost a check at all."""
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path, concurrency=1, per_principal=1))
+    checked_on: list[str] = []
+
+    def check(sql: str) -> str:
+        checked_on.append(threading.current_thread().name)
+        return sql
+
+    async def answer(path: str, body: str, tag: str) -> dict:
+        return {"columns": ["x"], "rows": [[1]], "truncated": False}
+
+    monkeypatch.setattr(process, "_call", answer)
+    result = await process.query("SELECT 1", 10, "a", check=check)
+    assert result.rows == [[1]]
+    assert checked_on and checked_on[0].startswith("analyst-check"), checked_on
+    assert not checked_on[0].startswith("asyncio")  # not asyncio.to_thread's default pool
+
+    with process.admit("b"):  # the one slot is taken: refused before any check
+        with pytest.raises(AnalystsBusy):
+            await process.query("SELECT 2", 10, "a", check=check)
+    assert len(checked_on) == 1
+    process._checks.shutdown()

@@ -485,5 +485,7 @@ async def test_the_managers_health_names_sources_whose_capture_is_blocked(tmp_pa
                 "source 'a': capture blocked (capturing and shipping, 3 attempts): no such table: _pvm_outbox",
                 "source 'b': its wrapper does not answer (ConnectionError: connection refused)",
             ]
+            ready = await api.get("/v1/ready")  # reported there too, without making the manager unready
+            assert ready.status_code == 200 and ready.json()["sources"] == problems
     finally:
         await manager.stop()

@@ -35,11 +35,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -106,6 +107,9 @@ class AnalystSettings:
     start_timeout_s: float = 180.0
 
 
+T = TypeVar("T")
+
+
 class AnalystProcess:
     def __init__(self, settings: AnalystSettings) -> None:
         self.settings = settings
@@ -127,6 +131,11 @@ class AnalystProcess:
         self._admitted: dict[str, int] = {}
         self._threads: list[threading.Thread] = []
         self._stops: set[asyncio.Task[None]] = set()
+        # Analysts' SQL is parsed and checked in the manager before it is sent: on threads of
+        # its own, so a flood of long statements waits here and never takes the default pool
+        # that commits, publishes and token checks share. Admission comes first, so at most
+        # ``concurrency`` checks run or wait at once.
+        self._checks = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="analyst-check")
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -149,6 +158,7 @@ class AnalystProcess:
         self._end_process()
         for thread in self._threads:
             thread.join(timeout=10)
+        self._checks.shutdown(wait=False, cancel_futures=True)
 
     @property
     def ready(self) -> bool:
@@ -385,9 +395,17 @@ class AnalystProcess:
                 if not self._admitted[who]:
                     del self._admitted[who]
 
-    async def query(self, sql: str, limit: int, who: str) -> QueryResult:
-        """Run checked analyst SQL (``api/analyst.py`` checks it)."""
+    async def check(self, check: Callable[..., T], *args: Any) -> T:
+        """``check(*args)`` on the analysts' own check threads (parsing SQL takes a while: not on
+        the event loop, and not on the pool that maintenance shares)."""
+        return await asyncio.get_running_loop().run_in_executor(self._checks, check, *args)
+
+    async def query(self, sql: str, limit: int, who: str, check: Callable[[str], str] | None = None) -> QueryResult:
+        """Run analyst SQL, checked first by ``check`` (``api/analyst.py``'s ``check_query``)
+        once the request is admitted: a refused statement costs its slot for the check only."""
         with self.admit(who):
+            if check is not None:
+                sql = await self.check(check, sql)
             tag = f"pvm-query-{uuid.uuid4().hex}"
             request = QueryRequest(sql=sql, limit=limit, tag=tag, max_bytes=self.settings.max_result_bytes)
             return QueryResult.model_validate(await self._call("/query", request.model_dump_json(), tag))
