@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.checks import not_a_server_error
 
 from api.auth import issue, issue_token
 from api.manager_app import create_app
@@ -59,9 +63,16 @@ class LiveManager:
     """A manager served by uvicorn from a thread on 127.0.0.1, over in-process sources that
     any registered name maps to (``tables`` of each new one: one relation T(k, v)). Tokens
     ``admin`` and ``analyst`` are made directly in the catalog, as ``pvm token create
-    --data-dir`` does."""
+    --data-dir`` does. The views are kept in memory unless ``store`` (with ``analysts``, its
+    query process) says otherwise."""
 
-    def __init__(self, data_dir: Path, tables: dict[str, dict[str, tuple[str, ...]]] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        tables: dict[str, dict[str, tuple[str, ...]]] | None = None,
+        store: Any = None,
+        analysts: Any = None,
+    ) -> None:
         from warehouse.catalog.db import Catalog
         from warehouse.manager import Manager
         from warehouse.store.memory import MemoryStore
@@ -75,7 +86,8 @@ class LiveManager:
             self.tokens = {role: issue_token(catalog, role)[1] for role in ("admin", "analyst")}
         finally:
             catalog.close()
-        self.manager = Manager(url, MemoryStore(), connect=self._connect)
+        self.manager = Manager(url, store if store is not None else MemoryStore(), connect=self._connect)
+        self.manager.analysts = analysts  # the analysts' query process: Spark store only
         self.app = create_app(self.manager)
         self.url = ""
 
@@ -120,3 +132,37 @@ def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
         thread.join(30)
 
     return http_url(sock), stop
+
+
+SCHEMATHESIS_EXAMPLES = 30
+
+
+def exercise(operation: Any, mode: Any, live: LiveManager, statuses: Counter[int]) -> None:
+    """Schemathesis's generated requests (``mode``: valid or invalid ones) to one operation of
+    ``live`` with an admin token, derandomized and bounded; fails on any 5xx. The answered
+    statuses are counted in ``statuses``."""
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=SCHEMATHESIS_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def run(case) -> None:
+        case.headers = {**(case.headers or {}), **live.auth("admin")}  # roles are tested on their own
+        response = case.call(base_url=live.url, timeout=30)
+        statuses[response.status_code] += 1
+        if (case.method, case.path, response.status_code) == (
+            "POST",
+            "/v1/query",
+            501,
+        ) and live.manager.analysts is None:
+            return  # analyst SQL runs on the Spark store only; this manager keeps views in memory
+        if response.status_code >= 500:
+            pytest.fail(f"{response.status_code} for {case.method} {case.formatted_path}: {response.text[:500]}")
+        case.validate_response(response, checks=[not_a_server_error])
+
+    run()

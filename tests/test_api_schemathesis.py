@@ -8,16 +8,11 @@ from __future__ import annotations
 from collections import Counter
 
 import httpx
-import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
 
-from tests.api_support import VIEW, LiveManager
-
-EXAMPLES = 30
+from tests.api_support import VIEW, LiveManager, exercise
 
 
 def test_no_operation_answers_5xx(tmp_path):
@@ -42,7 +37,7 @@ def test_no_operation_answers_5xx(tmp_path):
             answered: Counter = Counter()
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 try:
-                    _exercise(operation, mode, live, answered)
+                    exercise(operation, mode, live, answered)
                 except Unsatisfiable:
                     pass  # nothing to make invalid (no parameters, no body)
                 except Exception as exc:  # collect them all, then report
@@ -60,26 +55,3 @@ def _last_destructive(operation) -> tuple:
     """Revoking tokens and dropping views last, so the rest runs with a working admin token."""
     delete = operation.method.upper() == "DELETE"
     return (delete and operation.path.startswith("/v1/tokens"), delete, operation.path)
-
-
-def _exercise(operation, mode, live, statuses: Counter) -> None:
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    def run(case) -> None:
-        case.headers = {**(case.headers or {}), **live.auth("admin")}  # roles are tested on their own
-        response = case.call(base_url=live.url, timeout=30)
-        statuses[response.status_code] += 1
-        if (case.method, case.path, response.status_code) == ("POST", "/v1/query", 501):
-            return  # analyst SQL runs on the Spark store only; this manager keeps views in memory
-        if response.status_code >= 500:
-            pytest.fail(f"{response.status_code} for {case.method} {case.formatted_path}: {response.text[:500]}")
-        case.validate_response(response, checks=[not_a_server_error])
-
-    run()

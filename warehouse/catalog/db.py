@@ -290,7 +290,7 @@ class Catalog:
         with Session(self.engine) as s, s.begin():
             wanted = {u.seq: u for u in updates}
             q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
-            stored: dict[int, str | None] = dict(s.execute(q).tuples().all())
+            stored: dict[int, str | None] = dict(s.execute(q).all())  # (seq, digest) rows
             self._check_same_content(s, source, wanted, stored)
             rows = [
                 LogRow(
