@@ -403,7 +403,7 @@ _SYNTAX = (exp.Case, exp.Connector)
 # Every other node of the tree must be one of these: the syntax of read-only queries. Anything
 # else (DDL, DML, commands, SET, CACHE, SELECT … INTO, hints, TRANSFORM … USING scripts, …)
 # is refused, including constructs a later sqlglot version may add.
-_QUERY_SYNTAX: tuple[type[exp.Expression], ...] = tuple(
+_QUERY_SYNTAX: tuple[type[exp.Expr], ...] = tuple(
     getattr(exp, name)
     for name in [
         "Select",
@@ -570,7 +570,7 @@ def check_query(sql: str, views: Collection[str]) -> str:
     return out
 
 
-def view_scans(tree: exp.Expression) -> int:
+def view_scans(tree: exp.Expr) -> int:
     """How many times the statement reads a view once every CTE reference is replaced by the
     CTE's query, as Spark's analyzer does: a chain of CTEs that each read the one before twice
     doubles the plan at every step, and planning it holds a Spark driver for good.
@@ -583,7 +583,7 @@ def view_scans(tree: exp.Expression) -> int:
     """
     memo: dict[int, int] = {}
 
-    def scans(node: exp.Expression) -> int:
+    def scans(node: exp.Expr) -> int:
         total = 0
         for table in node.find_all(exp.Table):
             if _inside_cte(table, node):
@@ -601,7 +601,7 @@ def view_scans(tree: exp.Expression) -> int:
     return scans(tree)
 
 
-def _inside_cte(table: exp.Table, top: exp.Expression) -> bool:
+def _inside_cte(table: exp.Table, top: exp.Expr) -> bool:
     """Whether ``table`` sits in a CTE definition below ``top``."""
     node = table.parent
     while node is not None and node is not top:
@@ -615,7 +615,7 @@ def _cte_of(table: exp.Table) -> exp.CTE | None:
     """The CTE a table reference resolves to, as Spark scopes it (see ``ctes_in_scope``), or
     None for a view."""
     name = table.name.lower()
-    child: exp.Expression = table
+    child: exp.Expr = table
     node = table.parent
     while node is not None:
         if isinstance(node, exp.With):
@@ -653,17 +653,18 @@ def _parse_query(sql: str) -> exp.Query:
     return tree
 
 
-def _generate(tree: exp.Expression) -> str:
+def _generate(tree: exp.Expr) -> str:
     """Spark SQL for ``tree`` with every ``WITH`` where it was written. Spark 3+ takes nested
     CTEs; sqlglot's Spark generator hoists them to the top (for Spark 2), which would change
     their scope: a hoisted CTE hides a same-named view in the whole statement, and one hoisted
     behind a CTE that reads it leaves that read to resolve to a table."""
     generator = Dialect.get_or_raise("spark").generator()
-    generator.EXPRESSIONS_WITHOUT_NESTED_CTES = set()
+    # sqlglot types this as a class constant of a slotted base; the Spark generator has a __dict__
+    generator.EXPRESSIONS_WITHOUT_NESTED_CTES = set()  # type: ignore[misc]
     return generator.generate(tree, copy=True)
 
 
-def _check_tree(tree: exp.Expression, views: dict[str, str]) -> None:
+def _check_tree(tree: exp.Expr, views: dict[str, str]) -> None:
     defined = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for node in tree.walk():
         if isinstance(node, exp.Column):
@@ -692,12 +693,12 @@ _LABELS = {
 }
 
 
-def _construct(node: exp.Expression) -> str:
+def _construct(node: exp.Expr) -> str:
     key = node.key.lower()
     return _LABELS.get(key, key.upper())
 
 
-def _with_of(node: exp.Expression) -> exp.With | None:
+def _with_of(node: exp.Expr) -> exp.With | None:
     """The WITH clause attached to ``node`` (a query), if any."""
     for value in node.args.values():
         if isinstance(value, exp.With):
@@ -710,7 +711,7 @@ def ctes_in_scope(table: exp.Table) -> set[str]:
     of every enclosing query's WITH, where the reference sits in a CTE definition only the
     CTEs defined before it in that WITH (no recursion)."""
     names: set[str] = set()
-    child: exp.Expression = table
+    child: exp.Expr = table
     node = table.parent
     while node is not None:
         if isinstance(node, exp.With):

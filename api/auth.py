@@ -330,16 +330,18 @@ class TokenVerifier:
         ``client`` is over its failure limit (or old hashes are checked too often)."""
         parsed = parse_token(token)
         if parsed is None:
-            return self.failed(client)
+            self.failed(client)
+            return None
         token_id, secret = parsed
         info = await self._row(token_id, client)
-        usable = info is not None and info.revoked_at is None
-        matches = check_fast(secret, info.hash if usable else _DUMMY_HASH)  # the same work for any id
-        if usable and is_legacy(info.hash):
-            matches = await self._check_legacy(secret, info, client)
-        if not (usable and matches):
-            return self.failed(client)
-        return Principal(info.role, info.id, info.source, info.name)
+        usable = info if info is not None and info.revoked_at is None else None  # None: unknown or revoked
+        matches = check_fast(secret, usable.hash if usable is not None else _DUMMY_HASH)  # the same work for any id
+        if usable is not None and is_legacy(usable.hash):
+            matches = await self._check_legacy(secret, usable, client)
+        if usable is None or not matches:
+            self.failed(client)
+            return None
+        return Principal(usable.role, usable.id, usable.source, usable.name)
 
     def failed(self, client: str) -> None:
         """Count a failed attempt (None: the caller answers 401); TooManyAttempts past the limit."""

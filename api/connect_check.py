@@ -320,29 +320,29 @@ class _Walk:
             raise Refused(str(exc)) from None
 
     def _sql(self, message: Message) -> None:
-        message.query = self._checked(message.query)  # type: ignore[attr-defined]
+        message.query = self._checked(message.query)
 
     def _sql_command(self, message: Message) -> None:
-        if message.sql:  # type: ignore[attr-defined]
-            message.sql = self._checked(message.sql)  # type: ignore[attr-defined]
+        if message.sql:
+            message.sql = self._checked(message.sql)
 
     def _named_table(self, message: Message) -> None:
-        name = message.unparsed_identifier  # type: ignore[attr-defined]
+        name = message.unparsed_identifier
         if name.strip("`").lower() not in self.lowered:
             shown = ", ".join(sorted(self.views)) or "none yet"
             raise Refused(f"unknown view {name!r}: analysts may read only views ({shown})")
-        if message.options:  # type: ignore[attr-defined]
+        if message.options:
             raise Refused("options on a table read are not allowed")
 
     def _function(self, message: Message) -> None:
-        name = message.function_name  # type: ignore[attr-defined]
+        name = message.function_name
         if getattr(message, "is_user_defined_function", False):
             raise Refused(f"user-defined function {name} is not allowed")
         if name.lower() not in ALLOWED_FUNCTIONS and name.lower() not in OPERATORS:
             raise Refused(f"function {name} is not allowed in analyst queries")
 
     def _expression_string(self, message: Message) -> None:
-        text = message.expression  # type: ignore[attr-defined]
+        text = message.expression
         try:
             tree = sqlglot.parse_one(f"SELECT {text}", dialect="spark")
         except (SqlglotError, RecursionError):
@@ -354,4 +354,4 @@ class _Walk:
         ):
             raise Refused(f"{text[:200]!r} is not one expression")
         checked = self._checked(f"SELECT {text}")
-        message.expression = sqlglot.parse_one(checked, dialect="spark").expressions[0].sql(dialect="spark")  # type: ignore[attr-defined]
+        message.expression = sqlglot.parse_one(checked, dialect="spark").expressions[0].sql(dialect="spark")

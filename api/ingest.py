@@ -230,6 +230,7 @@ def document_update_batch(app: FastAPI) -> None:
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(schema.pop("$defs", {}))
             components["UpdateBatch"] = schema
+        assert app.openapi_schema is not None  # FastAPI's openapi() keeps what it built there
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -207,7 +207,7 @@ class RetryOut(BaseModel):
     since: float = Field(description="when the first of these faults happened (Unix time)")
 
 
-VIEW_EXAMPLE = {
+VIEW_EXAMPLE: dict[str, Any] = {
     "name": "big_orders",
     "state": "active",
     "error": None,
@@ -455,7 +455,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_update_bytes: int = MAX_UPDATE_BODY_BYTES,
     verifier: TokenVerifier | None = None,
-    startup: Callable[[], Awaitable[None]] | None = None,
+    startup: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> FastAPI:
     """The manager's app. ``verifier`` resolves bearer tokens (shared with the Spark Connect
     gateway, so that revoking a token ends both kinds of access at once). ``startup``: what
@@ -546,7 +546,7 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
 
-def validation_error_response(problems: list[dict[str, Any]]) -> JSONResponse:
+def validation_error_response(problems: Sequence[Mapping[str, Any]]) -> JSONResponse:
     """FastAPI's validation errors as one message: 400 for a body that is not JSON, else 422."""
     for p in problems:
         if p.get("type") == "json_invalid":

@@ -66,7 +66,7 @@ class ManagerCollector(Collector):
         def gauge(name: str, doc: str, labels: Sequence[str] = ("view",)) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=list(labels))
 
-        families = {
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "received": counter("pvm_view_updates_received", "Source updates routed to the view"),
             "started": counter("pvm_view_units_started", "Maintenance units started (moved from the UMQ into the PPU)"),
             "maintained": counter("pvm_view_units_maintained", "Maintenance units whose effect is computed"),

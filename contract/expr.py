@@ -154,7 +154,9 @@ def substitute(e: Expr, mapping: Mapping[Col, Expr]) -> Expr:
     if isinstance(e, Not):
         return Not(substitute(e.arg, mapping))
     if isinstance(e, Between):
-        return Between(*(substitute(x, mapping) for x in (e.arg, e.low, e.high)), negated=e.negated)
+        return Between(
+            substitute(e.arg, mapping), substitute(e.low, mapping), substitute(e.high, mapping), negated=e.negated
+        )
     if isinstance(e, (InList, IsNull, Like)):
         return replace(e, arg=substitute(e.arg, mapping))
     raise TypeError(f"not an expression: {e!r}")
@@ -462,7 +464,7 @@ def _from_wire(d: Any, depth: int, budget: _WireBudget) -> Expr:
         budget.spend(0, len(values))
         return InList(args[0], tuple(_scalar(v, "an IN list value") for v in values), negated)
     if op == "between" and len(args) == 3:
-        return Between(*args, negated=negated)
+        return Between(args[0], args[1], args[2], negated=negated)
     if op == "is_null" and len(args) == 1:
         return IsNull(args[0], negated)
     if op == "like" and len(args) == 1 and isinstance(pattern := d.get("pattern"), str):

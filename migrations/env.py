@@ -16,6 +16,7 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
+    assert url is not None  # migrations.alembic_config always sets it
     engine = create_engine(url)
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=Base.metadata, render_as_batch=True)

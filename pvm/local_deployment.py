@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pvm.cli import CliError
+
+if TYPE_CHECKING:
+    from wrappers.process import WrapperProcess
 
 
 def catalog_url(data_dir: Path) -> str:
@@ -25,7 +29,7 @@ class LocalDeployment:
 
         self.data_dir = data_dir
         self.manager = Manager(catalog_url(data_dir), store or MemoryStore())
-        self.wrappers: dict[str, object] = {}
+        self.wrappers: dict[str, WrapperProcess] = {}
         self.url = ""
         self.port = port
         self.admin_token = ""

@@ -82,8 +82,10 @@ def _join_plan(
     for c in conjuncts(step.on):
         if isinstance(c, Cmp) and c.op == "=" and isinstance(c.left, Col) and isinstance(c.right, Col):
             if c.left in p_index and c.right in r_index:
-                p_hash.append(p_index[c.left]), r_hash.append(r_index[c.right])
+                p_hash.append(p_index[c.left])
+                r_hash.append(r_index[c.right])
             elif c.right in p_index and c.left in r_index:
-                p_hash.append(p_index[c.right]), r_hash.append(r_index[c.left])
+                p_hash.append(p_index[c.right])
+                r_hash.append(r_index[c.left])
     layout = {c: i for i, c in enumerate(step.layout + rel_cols)}
     return tuple(p_hash), tuple(r_hash), compile_filter(step.on, layout)

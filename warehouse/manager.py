@@ -12,11 +12,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from contract import expr
 from contract.column_types import spark_type
@@ -33,6 +33,9 @@ from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
+
+if TYPE_CHECKING:
+    from warehouse.store.spark import SparkStore
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +157,12 @@ class Manager:
         self._background: set[asyncio.Task] = set()
 
     # -- plumbing -----------------------------------------------------------------------------
+    @property
+    def _store(self) -> ViewStore:
+        """The view store; views exist only once ``start`` has one."""
+        assert self.store is not None, "the manager has not started"
+        return self.store
+
     async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
         assert self.catalog is not None
         fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
@@ -346,7 +355,7 @@ class Manager:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
                 await self.db("add_view", info)
-                await asyncio.to_thread(self.store.create, plan.name, plan.output_names, types)
+                await asyncio.to_thread(self._store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
                 raise
@@ -361,7 +370,7 @@ class Manager:
         await handle.maintainer.stop()
         del self.views[name]
         await self.db("drop_view", name)
-        await asyncio.to_thread(self.store.drop, name)
+        await asyncio.to_thread(self._store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
 
@@ -372,8 +381,10 @@ class Manager:
         for out in plan.outputs:
             ref = aliases[out.column.relation]
             rel = self.relations.get(ref.source, {}).get(ref.table)
-            known = rel is not None and out.column.name in rel.columns and len(rel.types) == len(rel.columns)
-            types.append(spark_type(rel.types[rel.columns.index(out.column.name)]) if known else None)
+            if rel is not None and out.column.name in rel.columns and len(rel.types) == len(rel.columns):
+                types.append(spark_type(rel.types[rel.columns.index(out.column.name)]))
+            else:
+                types.append(None)
         return types
 
     def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
@@ -386,7 +397,7 @@ class Manager:
             self.backoff,
         )
         maintainer = ViewMaintainer(
-            info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state
+            info.name, plan, settings, protocol, self._store, self.clients, self.db, self._set_state
         )
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
@@ -493,7 +504,7 @@ class Manager:
         return await self.clients[source].set_interest(self.interest(source))
 
     # -- updates ------------------------------------------------------------------------------------
-    async def receive(self, source: str, updates: list[Update | PlainUpdate]) -> Ack:
+    async def receive(self, source: str, updates: Sequence[Update | PlainUpdate]) -> Ack:
         return await self.receiver.receive(source, updates)
 
     def _release(self, entry: LogEntry) -> None:
@@ -520,7 +531,7 @@ class Manager:
                 f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422
             )
         try:
-            return self.store.read(
+            return self._store.read(
                 name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
             )
         except StoreError as exc:
@@ -551,7 +562,8 @@ class Manager:
             rows = sorted(await asyncio.to_thread(self.read_rows, name, pinned, latest), key=row_order)
             return watermark, pinned, len(rows), [list(r) for r in rows[offset : offset + limit]]
         try:
-            self.store.check_as_of(name, pinned)  # type: ignore[attr-defined]
+            # only the Spark store keeps a record (it cannot be imported here to check: pyspark)
+            cast("SparkStore", self.store).check_as_of(name, pinned)
             meta = record(name)
         except StoreError as exc:
             raise ManagerError(str(exc), 422) from exc

@@ -125,13 +125,12 @@ class Receiver:
         Read on the event loop, where views come and go."""
         if self._relations(source, 0) is None:
             raise ReceiveError(f"unknown source {source!r}")
-        return {
-            u.seq: {
-                table: (frozenset(columns), needed)
-                for table, (columns, needed) in self._relations(source, u.seq).items()
-            }
-            for u in updates
-        }
+        schemas: dict[int, dict[str, tuple[frozenset[str], set[str]]]] = {}
+        for u in updates:
+            relations = self._relations(source, u.seq)
+            assert relations is not None  # None only for an unknown source, excluded above
+            schemas[u.seq] = {table: (frozenset(columns), needed) for table, (columns, needed) in relations.items()}
+        return schemas
 
     @staticmethod
     def _validate(source: str, update: PlainUpdate, relations: Mapping[str, tuple[frozenset[str], set[str]]]) -> None:
@@ -216,7 +215,7 @@ class Receiver:
 
     async def _read_held(self, cursor: SourceCursor, first: int) -> list[LogEntry]:
         """The held updates from seq ``first`` on without a gap, at most ``RELEASE_CHUNK``."""
-        ids = []
+        ids: list[int] = []  # log ids
         while first + len(ids) in cursor.held and len(ids) < RELEASE_CHUNK:
             ids.append(cursor.held[first + len(ids)])
         entries = await self._db("log_entries", None, 0, ids)

@@ -57,7 +57,7 @@ class SqlTooComplex(ValueError):
 
 def parse(
     sql: str, dialect: DialectType = None, max_tokens: int = MAX_TOKENS, max_nesting: int = MAX_NESTING
-) -> list[exp.Expression | None]:
+) -> list[exp.Expr | None]:
     """``sqlglot.parse(sql, dialect)`` within the bounds; SqlTooComplex otherwise. sqlglot's
     own errors (SqlglotError) pass through."""
     dialect = Dialect.get_or_raise(dialect)

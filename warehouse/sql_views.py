@@ -79,7 +79,7 @@ _CLAUSE_LABELS = {
     "qualify": "QUALIFY",
     "into": "SELECT INTO",
 }
-_CMP_OPS: dict[type[exp.Expression], str] = {
+_CMP_OPS: dict[type[exp.Binary], str] = {
     exp.EQ: "=",
     exp.NEQ: "<>",  # != parses to NEQ too
     exp.LT: "<",
@@ -87,7 +87,7 @@ _CMP_OPS: dict[type[exp.Expression], str] = {
     exp.GT: ">",
     exp.GTE: ">=",
 }
-_ARITH_OPS: dict[type[exp.Expression], str] = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
+_ARITH_OPS: dict[type[exp.Binary], str] = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
 
 
 class ViewDefinitionError(ValueError):
@@ -168,7 +168,7 @@ def _created_view_name(create: exp.Create) -> str:
     return target.name
 
 
-def _select(statement: exp.Expression | None) -> exp.Select:
+def _select(statement: exp.Expr | None) -> exp.Select:
     if isinstance(statement, exp.SetOperation):
         raise ViewDefinitionError(f"{statement.key.upper()} is not supported: views are select-project-join")
     if not isinstance(statement, exp.Select):
@@ -193,7 +193,7 @@ def _check_clauses(select: exp.Select) -> None:
         raise ViewDefinitionError(f"{label} is not supported: views are select-project-join")
 
 
-def _extra_args(node: exp.Expression, allowed: set[str] | frozenset[str]) -> list[str]:
+def _extra_args(node: exp.Expr, allowed: set[str] | frozenset[str]) -> list[str]:
     """The arguments set on ``node`` beyond ``allowed`` (sqlglot stores absent ones as falsy)."""
     return [arg for arg, value in node.args.items() if value and arg not in allowed]
 
@@ -209,7 +209,7 @@ def _relations(select: exp.Select, schema: Schema) -> tuple[_Relation, ...]:
     return rels
 
 
-def _joined_item(join: exp.Join) -> exp.Expression:
+def _joined_item(join: exp.Join) -> exp.Expr:
     """The relation of an inner or cross join; its ON condition is read with the WHERE clause."""
     if join.side:
         raise ViewDefinitionError(f"outer joins are not supported ({join.side} JOIN)")
@@ -225,7 +225,7 @@ def _joined_item(join: exp.Join) -> exp.Expression:
     return join.this
 
 
-def _relation(item: exp.Expression, schema: Schema) -> _Relation:
+def _relation(item: exp.Expr, schema: Schema) -> _Relation:
     if isinstance(item, exp.Subquery):
         raise ViewDefinitionError("subqueries are not supported (in FROM)")
     if not isinstance(item, exp.Table) or not isinstance(item.this, exp.Identifier):
@@ -310,7 +310,7 @@ def _resolve(column: exp.Column, rels: Sequence[_Relation]) -> Col:
 
 
 # -- SELECT list -----------------------------------------------------------------------------
-def _outputs(item: exp.Expression, rels: Sequence[_Relation]) -> list[OutputColumn]:
+def _outputs(item: exp.Expr, rels: Sequence[_Relation]) -> list[OutputColumn]:
     if isinstance(item, exp.Star) and not _extra_args(item, set()):  # not * EXCEPT/REPLACE
         return [out for r in rels for out in _all_columns(r)]
     if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
@@ -337,7 +337,7 @@ def _check_output_names(outputs: Sequence[OutputColumn]) -> None:
 
 
 # -- WHERE / ON ------------------------------------------------------------------------------
-def _predicate_nodes(select: exp.Select) -> list[exp.Expression]:
+def _predicate_nodes(select: exp.Select) -> list[exp.Expr]:
     """The top-level conjuncts of every ON condition, then of WHERE, in textual order."""
     clauses = [j.args.get("on") for j in select.args.get("joins") or []]
     where = select.args.get("where")
@@ -345,7 +345,7 @@ def _predicate_nodes(select: exp.Select) -> list[exp.Expression]:
     return [c for clause in clauses if clause is not None for c in _conjunct_nodes(clause)]
 
 
-def _conjunct_nodes(node: exp.Expression) -> list[exp.Expression]:
+def _conjunct_nodes(node: exp.Expr) -> list[exp.Expr]:
     # Split on the SQL tree (not the translated one) to quote a rejected conjunct as written.
     node = node.unnest()
     if isinstance(node, exp.And):
@@ -353,7 +353,7 @@ def _conjunct_nodes(node: exp.Expression) -> list[exp.Expression]:
     return [node]
 
 
-def _split_conjuncts(nodes: Sequence[exp.Expression], rels: Sequence[_Relation]) -> tuple[dict[str, Expr], list[Expr]]:
+def _split_conjuncts(nodes: Sequence[exp.Expr], rels: Sequence[_Relation]) -> tuple[dict[str, Expr], list[Expr]]:
     """Local predicates by alias (conjoined) and join conjuncts, both in textual order."""
     local: dict[str, list[Expr]] = {}
     join: list[Expr] = []
@@ -366,10 +366,15 @@ def _split_conjuncts(nodes: Sequence[exp.Expression], rels: Sequence[_Relation])
             local.setdefault(next(iter(readers)), []).append(conjunct)
         else:
             join.append(conjunct)
-    return {alias: conjoin(parts) for alias, parts in local.items()}, join
+    predicates: dict[str, Expr] = {}
+    for alias, parts in local.items():
+        predicate = conjoin(parts)
+        assert predicate is not None  # every alias here has at least one conjunct
+        predicates[alias] = predicate
+    return predicates, join
 
 
-def _condition(node: exp.Expression, rels: Sequence[_Relation]) -> Expr:
+def _condition(node: exp.Expr, rels: Sequence[_Relation]) -> Expr:
     """Translate a SQL condition (a node in boolean position)."""
     node = node.unnest()
     if isinstance(node, (exp.And, exp.Or)):
@@ -381,7 +386,7 @@ def _condition(node: exp.Expression, rels: Sequence[_Relation]) -> Expr:
         return kind(tuple(args))
     if isinstance(node, exp.Not):
         return _negate(_condition(node.this, rels))
-    if type(node) in _CMP_OPS:
+    if isinstance(node, exp.Binary) and type(node) in _CMP_OPS:
         return Cmp(_CMP_OPS[type(node)], _value(node.left, rels), _value(node.right, rels))
     if isinstance(node, exp.In) and not _extra_args(node, {"this", "expressions"}):
         return InList(_value(node.this, rels), tuple(_in_value(v, rels) for v in node.expressions))
@@ -404,7 +409,7 @@ def _negate(e: Expr) -> Expr:
     return Not(e)
 
 
-def _value(node: exp.Expression, rels: Sequence[_Relation]) -> Expr:
+def _value(node: exp.Expr, rels: Sequence[_Relation]) -> Expr:
     """Translate a SQL scalar (an operand of a comparison or of arithmetic)."""
     node = node.unnest()
     if isinstance(node, exp.Column):
@@ -416,7 +421,7 @@ def _value(node: exp.Expression, rels: Sequence[_Relation]) -> Expr:
         if isinstance(inner, Lit) and isinstance(inner.value, (int, float)) and not isinstance(inner.value, bool):
             return Lit(-inner.value)
         return Arith("-", Lit(0), inner)
-    if type(node) in _ARITH_OPS:
+    if isinstance(node, exp.Binary) and type(node) in _ARITH_OPS:
         return Arith(_ARITH_OPS[type(node)], _value(node.left, rels), _value(node.right, rels))
     raise ViewDefinitionError(_why_unsupported(node))
 
@@ -432,21 +437,21 @@ def _literal(node: exp.Literal | exp.Boolean | exp.Null) -> Lit:
     return Lit(int(text) if text.isdigit() else float(text))
 
 
-def _in_value(node: exp.Expression, rels: Sequence[_Relation]) -> Scalar:
+def _in_value(node: exp.Expr, rels: Sequence[_Relation]) -> Scalar:
     value = _value(node, rels)
     if not isinstance(value, Lit):
         raise ViewDefinitionError(f"IN accepts only a list of literals; {node.sql()} is not one")
     return value.value
 
 
-def _like_pattern(node: exp.Expression) -> str:
+def _like_pattern(node: exp.Expr) -> str:
     if not (isinstance(node, exp.Literal) and node.is_string):
         raise ViewDefinitionError(f"LIKE needs a string literal pattern, not {node.sql()}")
     return node.this
 
 
 # -- rejection messages ----------------------------------------------------------------------
-def _why_unsupported(node: exp.Expression) -> str:
+def _why_unsupported(node: exp.Expr) -> str:
     """Name the first unsupported construct inside ``node``, else quote ``node`` itself."""
     for part in node.walk():
         reason = _construct(part)
@@ -455,7 +460,7 @@ def _why_unsupported(node: exp.Expression) -> str:
     return f"{node.sql()} is not supported"
 
 
-def _construct(node: exp.Expression) -> str | None:
+def _construct(node: exp.Expr) -> str | None:
     if isinstance(node, (exp.Subquery, exp.Exists, exp.Query)):
         return "subqueries are not supported"
     if isinstance(node, exp.Window):

@@ -272,6 +272,7 @@ async def _verify(manager: Manager, name: str, max_differences: int) -> Report:
         except ManagerError:
             if attempt == ATTEMPTS - 1:
                 raise
+    assert handle.bases is not None  # checked in the loop; a defined view keeps its bases
     plan, bases = handle.plan, dict(handle.bases)
     units = [u for u in await manager.db("units", name) if u.order <= watermark]
     ids = [i for u in units for i in u.log_ids]

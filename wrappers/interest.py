@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from contract.expr import Col, WireError, columns, compile_filter, from_wire
@@ -52,9 +53,7 @@ class ChangeFilter:
             table.check_columns(wanted.columns)
             layout = {Col(name, c): i for i, c in enumerate(table.columns)}
             tests = [_compile_predicate(p, table, layout) for p in wanted.where]
-            relations[name] = RelationFilter(
-                table, lambda row, tests=tests: any(t(row) for t in tests), tuple(wanted.columns)
-            )
+            relations[name] = RelationFilter(table, partial(_any_holds, tests), tuple(wanted.columns))
         return cls(relations)
 
     def changes(self, rows: Iterable[OutboxRow], fit: Fitness) -> list[Change]:
@@ -77,6 +76,10 @@ class ChangeFilter:
             if new is not None:
                 out.append(Change(relation=r.relation, sign=1, row=new))
         return out
+
+
+def _any_holds(tests: list[Callable[[tuple[Any, ...]], bool]], row: tuple[Any, ...]) -> bool:
+    return any(t(row) for t in tests)
 
 
 def _compile_predicate(

@@ -161,7 +161,8 @@ class RowCheck:
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` with values in their wire form (an integer of a float column as a float,
         PostgreSQL's non-finite numbers as floats); Unfit if the views cannot take it."""
-        values = tuple(map(row.get, self._columns))
+        # Any: the plan, chosen by the values' types, says which value is of which type
+        values: tuple[Any, ...] = tuple(map(row.get, self._columns))
         plan = self._plan(tuple(map(type, values)))
         if plan.unfit is not None:
             i, why = plan.unfit

@@ -12,6 +12,8 @@ Revises: 0002
 Create Date: 2026-11-25
 """
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from alembic import context, op
 
@@ -30,7 +32,7 @@ SOURCES = sa.table(
 )
 
 
-def _sealer(tokens: list, action: str):
+def _sealer(tokens: Sequence[tuple[str, str]], action: str):
     sealer = context.config.attributes.get("token_sealer")
     if sealer is None and tokens:
         names = ", ".join(sorted(name for name, _ in tokens))

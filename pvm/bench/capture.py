@@ -44,7 +44,7 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 # Markers: rows whose join partners (anchors) no random writer touches; view column of their key.
 MARKERS = {"pg": (50_000_000, 0), "my": (60_000_000, 3), "lite": (70_000_000, 5)}
-ANCHORS = {
+ANCHORS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "pg": [("s", {"id": 900, "b": 77, "c": 77}), ("t", {"id": 900, "c": 77, "d": "d1"})],
     "my": [("r", {"id": 901, "b": 78, "note": "n-anchor"}), ("t", {"id": 901, "c": 78, "d": "d1"})],
     "lite": [("r", {"id": 902, "b": 79, "note": "n-anchor"}), ("s", {"id": 902, "b": 79, "c": 79})],

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 __all__ = ["BenchConfig", "configure", "make_pair", "make_sweep_pair", "run"]
@@ -401,7 +402,7 @@ def _run_main(cfg: BenchConfig, work: str, progress: Any) -> dict[str, Any]:
             floor_cpu.append(cpu)
             floor_bytes = io.bytes_read
             io = IOStats()
-            wall, cpu, result = _measure(lambda name=name, io=io: plans[name](io))
+            wall, cpu, result = _measure(partial(plans[name], io))
             r = runs[name]
             r["wall"].append(wall)
             r["cpu"].append(cpu)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, select, update
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import CursorResult, Engine, Result, make_url
 from sqlalchemy.orm import Session
 
 import migrations
@@ -149,7 +149,7 @@ def _private_sqlite_file(url: str) -> None:
     before SQLite opens it (which gives its ``-wal`` and ``-shm`` files that mode too), and an
     existing one readable by others is made so."""
     database = make_url(url).database
-    if database in (None, "", ":memory:"):
+    if database is None or database in ("", ":memory:"):
         return
     path = Path(database)
     if not path.exists():
@@ -316,7 +316,8 @@ class Catalog:
         undigested = [seq for seq, digest in stored.items() if digest is None]
         if undigested:
             q = select(LogRow.seq, LogRow.changes).where(LogRow.source == source, LogRow.seq.in_(undigested))
-            stored.update((seq, content_digest(changes)) for seq, changes in s.execute(q))
+            logged: Result[int, list[Any]] = s.execute(q)
+            stored.update((seq, content_digest(changes)) for seq, changes in logged)
         differing = sorted(seq for seq, digest in stored.items() if digest != wanted[seq].digest)
         if differing:
             shown = ", ".join(map(str, differing[:10])) + (
@@ -389,6 +390,7 @@ class Catalog:
         scheme, see api.auth); whether it was replaced."""
         with Session(self.engine) as s, s.begin():
             done = s.execute(update(TokenRow).where(TokenRow.id == token_id, TokenRow.hash == old).values(hash=new))
+            assert isinstance(done, CursorResult)  # what an UPDATE statement returns
             return done.rowcount == 1
 
     def revoke_token(self, token_id: int) -> TokenInfo:

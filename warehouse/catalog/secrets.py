@@ -99,6 +99,6 @@ def key_file_for(catalog_url: str, data_dir: Path | None) -> Path | None:
     PosixPath('/var/pvm/catalog.key')
     """
     url = make_url(catalog_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+    if url.get_backend_name() == "sqlite" and url.database is not None and url.database not in ("", ":memory:"):
         return Path(url.database).parent / KEY_FILE
     return None if data_dir is None else data_dir / KEY_FILE

@@ -44,6 +44,9 @@ class ViewStore(Protocol):
     def publish(self, view: str, watermark: int) -> None:
         """Readers' default state is now ``as_of=watermark``."""
 
+    def published(self, view: str) -> int:
+        """The watermark last published (0 before the first)."""
+
     def read(self, view: str, as_of: int | None = None) -> ZSet:
         """Summed signed weights of effects with order <= as_of (None: every effect)."""
 

@@ -392,7 +392,7 @@ class RowCodec:
         columns = [
             [None if v is None else loads_wire_json(v) for v in c]
             if as_json
-            else [NAN if v != v else v for v in c]  # type: ignore[comparison-overlap]
+            else [NAN if v != v else v for v in c]
             if as_float
             else c
             for c, as_json, as_float in zip(columns, self.json_columns, self._float_columns)
@@ -533,14 +533,15 @@ def _order_span(meta: pq.FileMetaData) -> tuple[int, int] | None:
     """Smallest and largest ``_order`` in a z-log file, from its parquet footer (Spark writes
     min/max statistics); None when the footer does not tell."""
     column = meta.schema.names.index(ORDER)
-    low = high = None
+    low: int | None = None
+    high: int | None = None
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(column).statistics
         if stats is None or not stats.has_min_max:
             return None
         low = stats.min if low is None else min(low, stats.min)
         high = stats.max if high is None else max(high, stats.max)
-    return None if low is None else (low, high)
+    return None if low is None or high is None else (low, high)  # both are set together
 
 
 def _link(files: Sequence[str], location: str) -> None:

@@ -221,6 +221,7 @@ def _snapshot_capture(
         source = DatabaseTables(dialect, engine, database_schema(engine, tables, options.keys))
     replica = Replica(path, source.schema)
     try:
+        feeder: RangeCapture | SnapshotCapture
         if options.algorithm == "range-checksums":
             assert dialect is not None and engine is not None
             feeder = RangeCapture(dialect, engine, source.schema, replica, options.interval, options.range_rows)

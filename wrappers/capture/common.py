@@ -108,6 +108,12 @@ def chunked(ids: Sequence[int], size: int = 1000) -> list[Sequence[int]]:
 _OUTBOX_IDS = sa.table(OUTBOX, sa.column("id"))
 
 
+def delete_outbox(engine: sa.Engine, through: int) -> None:
+    """Refused: these servers' outbox ids are not commit order, so a row below ``through``
+    may not be captured yet; the wrapper deletes their rows by id (``delete_outbox_ids``)."""
+    raise WrapperError("outbox ids are not in commit order on this server: delete acknowledged rows by id")
+
+
 def delete_outbox_ids(engine: sa.Engine, ids: Sequence[int]) -> None:
     """Delete exactly the outbox rows ``ids`` (servers whose outbox ids are not commit order)."""
     with engine.begin() as conn:

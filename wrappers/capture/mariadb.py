@@ -27,10 +27,11 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import OUTBOX, OutboxRow, outbox_row
+from wrappers.capture.base import OUTBOX, Op, OutboxRow, outbox_row
 from wrappers.capture.common import (
     RESERVED_PREFIX,
     check_tables,
+    delete_outbox,  # noqa: F401  (this dialect's part of the capture interface)
     delete_outbox_ids,  # noqa: F401  (this dialect's part of the capture interface)
     open_server_engine,
     reason,
@@ -121,7 +122,7 @@ def install(engine: sa.Engine, tables: Sequence[str]) -> None:
     checked = check_tables(engine, tables)
     try:
         with engine.connect() as conn:
-            engines = dict(
+            engines: dict[str, str] = dict(
                 conn.execute(
                     sa.text(
                         "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
@@ -153,7 +154,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
             for table in tables:
                 for op in _OPS:
                     conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {q(trigger_name(table, op))}")
-            remaining = conn.execute(
+            remaining: int = conn.execute(
                 sa.text(
                     "SELECT count(*) FROM information_schema.TRIGGERS "
                     "WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE <> :outbox AND "
@@ -173,7 +174,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in id order (which
     respects write-write dependencies, see ``common.in_transaction_order``)."""
-    result = conn.execute(
+    result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
     return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]

@@ -19,12 +19,14 @@ first statement and a TEMP table written inside it (the subquery keys) does not 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import OUTBOX, OutboxRow
+from wrappers.capture.base import OUTBOX, Op, OutboxRow
 from wrappers.capture.common import (
     check_tables,
+    delete_outbox,  # noqa: F401  (this dialect's part of the capture interface)
     delete_outbox_ids,  # noqa: F401  (this dialect's part of the capture interface)
     in_transaction_order,
     open_server_engine,
@@ -50,7 +52,9 @@ def open_engine(url: str) -> sa.Engine:
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     engine = open_server_engine(parsed)
-    if engine.dialect.server_version_info < (13,):
+    version = engine.dialect.server_version_info
+    assert version is not None  # known from the connection open_server_engine made
+    if version < (13,):
         engine.dispose()
         raise WrapperError(f"{shown(parsed)}: trigger capture needs PostgreSQL 13 or newer (pg_current_xact_id)")
     return engine
@@ -69,6 +73,15 @@ def begin_snapshot(engine: sa.Engine) -> sa.Connection:
 
 
 # -- install / uninstall -----------------------------------------------------------------
+def _current_schema(engine: sa.Engine, inspector: sa.Inspector) -> str:
+    """The schema the outbox goes in: ``current_schema()``, NULL when no schema on the
+    search path exists."""
+    schema = inspector.default_schema_name
+    if schema is None:
+        raise WrapperError(f"{shown(engine.url)}: no current schema (no schema on the search_path exists)")
+    return schema
+
+
 def _names(engine: sa.Engine, schema: str) -> tuple[str, str, str]:
     """The quoted, schema-qualified outbox and trigger functions."""
     q = engine.dialect.identifier_preparer.quote_identifier
@@ -107,7 +120,7 @@ def install(engine: sa.Engine, tables: Sequence[str]) -> None:
     """Create the outbox, the trigger functions and the triggers of ``tables``; idempotent,
     and atomic (PostgreSQL DDL is transactional), so writers never see a table half-captured."""
     checked = check_tables(engine, tables)
-    schema = sa.inspect(engine).default_schema_name
+    schema = _current_schema(engine, sa.inspect(engine))
     outbox, row_function, truncate_function = _names(engine, schema)
     if "$pvm$" in outbox:
         raise WrapperError(f"schema name {schema!r} cannot hold the outbox")
@@ -146,7 +159,7 @@ def install(engine: sa.Engine, tables: Sequence[str]) -> None:
 def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
     """Drop the triggers of ``tables``; the outbox and functions go once no table uses them."""
     inspector = sa.inspect(engine)
-    schema = inspector.default_schema_name
+    schema = _current_schema(engine, inspector)
     existing = set(inspector.get_table_names())
     outbox, row_function, truncate_function = _names(engine, schema)
     q = engine.dialect.identifier_preparer.quote_identifier
@@ -156,7 +169,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
                 if table in existing:
                     for trigger in (ROW_FUNCTION, TRUNCATE_FUNCTION):
                         conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {q(trigger)} ON {q(schema)}.{q(table)}")
-            remaining = conn.execute(
+            remaining: int = conn.execute(
                 sa.text(
                     "SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON t.tgfoid = p.oid "
                     "JOIN pg_namespace n ON p.pronamespace = n.oid "
@@ -177,7 +190,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in transaction order."""
-    result = conn.execute(
+    result: sa.CursorResult[int, str, str, Op, dict[str, Any] | None, dict[str, Any] | None] = conn.execute(
         sa.text(f"SELECT id, txid::text, relation, op, old, new FROM {OUTBOX} WHERE id > :after"), {"after": after}
     )
     return in_transaction_order(
@@ -188,7 +201,7 @@ def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
 def outbox_high_water(engine: sa.Engine) -> int:
     """The last value the outbox's sequence handed out (0 for a fresh outbox)."""
     with engine.connect() as conn:
-        value = conn.execute(
+        value: int | None = conn.execute(
             sa.text("SELECT pg_sequence_last_value(pg_get_serial_sequence(:outbox, 'id')::regclass)"),
             {"outbox": OUTBOX},
         ).scalar_one()

@@ -17,7 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
-from wrappers.capture.base import OUTBOX, OutboxRow, outbox_row
+from wrappers.capture.base import OUTBOX, Op, OutboxRow, outbox_row
+from wrappers.capture.common import delete_outbox_ids  # noqa: F401  (the capture interface; safe for any outbox)
 from wrappers.errors import WrapperError, masked_url
 
 TRIGGER_PREFIX = "_pvm_"
@@ -177,7 +178,9 @@ def install(engine: sa.Engine, tables: Sequence[str]) -> None:
         columns = _check_tables(engine, tables)
         with engine.connect() as conn:
             # journal_mode cannot change inside a transaction: use the driver connection.
-            mode = conn.connection.driver_connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            driver_connection = conn.connection.driver_connection
+            assert driver_connection is not None  # a checked-out connection has one
+            mode = driver_connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise WrapperError(f"cannot switch {path} to WAL mode (journal mode is {mode})")
         with engine.begin() as conn:
@@ -201,7 +204,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
             for table in tables:
                 for op in _OPS:
                     conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {_quote(engine, trigger_name(table, op))}")
-            remaining = conn.execute(
+            remaining: int = conn.execute(
                 sa.text("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND substr(name, 1, :n) = :prefix"),
                 {"n": len(TRIGGER_PREFIX), "prefix": TRIGGER_PREFIX},
             ).scalar_one()
@@ -214,7 +217,7 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 # -- the outbox --------------------------------------------------------------------------
 def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
     """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in commit order."""
-    result = conn.execute(
+    result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
     return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]

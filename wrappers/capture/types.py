@@ -62,7 +62,9 @@ def wire_value(value: Any) -> Any:
     if isinstance(value, decimal.Decimal):
         if not value.is_finite():
             return float(value)
-        return int(value) if value.as_tuple().exponent >= 0 else float(value)
+        exponent = value.as_tuple().exponent
+        assert isinstance(exponent, int)  # only NaN and infinities have a letter exponent
+        return int(value) if exponent >= 0 else float(value)
     if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
         return value.isoformat()
     if isinstance(value, (bytes, bytearray, memoryview)):

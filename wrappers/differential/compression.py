@@ -285,7 +285,7 @@ class Compression:
     pointer: bool = False
     hash: str | None = None
     _fn: Callable[[tuple[Any, ...]], Any] = field(init=False, repr=False, compare=False, hash=False)
-    _many: Callable[[list[tuple[Any, ...]]], list[Any]] = field(init=False, repr=False, compare=False, hash=False)
+    _many: Callable[[Sequence[tuple[Any, ...]]], list[Any]] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hash", _resolve_hash(self.bits, self.hash))
@@ -303,7 +303,7 @@ class Compression:
         return self._fn
 
     @property
-    def compress_many(self) -> Callable[[list[tuple[Any, ...]]], list[Any]]:
+    def compress_many(self) -> Callable[[Sequence[tuple[Any, ...]]], list[Any]]:
         """The batch compressor ``[rest, ...] -> [b, ...]`` (see ``make_batch_compressor``)."""
         return self._many
 

@@ -70,9 +70,9 @@ def displacement_stats(keys1: Iterable[Any], keys2: Iterable[Any]) -> Displaceme
     get = pos1.get
     for j, k in enumerate(keys2):
         n2 = j + 1
-        i = get(k)
-        if i is not None:
-            d = i - j if i > j else j - i
+        old_pos = get(k)
+        if old_pos is not None:
+            d = old_pos - j if old_pos > j else j - old_pos
             total += d
             matched += 1
             if d > maximum:

@@ -50,7 +50,7 @@ from typing import Any
 
 from wrappers.differential.compression import canonical
 from wrappers.differential.errors import SnapshotError
-from wrappers.differential.messages import ChangeList
+from wrappers.differential.messages import Change, ChangeList
 from wrappers.differential.partitioned_hash import diff_in_memory
 from wrappers.differential.records import Key, Record
 
@@ -214,6 +214,15 @@ def split_range(r: KeyRange, rows: Sequence[Record], rows_per_range: int) -> lis
     return ranges_between([rows[j][0] for j in range(n, len(rows), n)], r.lo, r.hi)
 
 
+def _lower_bounds(ranges: Sequence[KeyRange]) -> list[Key]:
+    """The lower bounds of all ranges but the first, for bisecting a key to its range."""
+    bounds: list[Key] = []
+    for r in ranges[1:]:
+        assert r.lo is not None  # only the first range is unbounded below
+        bounds.append(r.lo)
+    return bounds
+
+
 @dataclass
 class RefreshResult:
     """What a refresh did: the changes (deletes first), which ranges changed, how many rows
@@ -239,10 +248,10 @@ class RangeChecksumCopy:
 
     def _install(self, rows: list[Record]) -> None:
         self.ranges = plan_ranges((k for k, _ in rows), self.rows_per_range)
-        self._bounds = [r.lo for r in self.ranges[1:]]
+        self._bounds = _lower_bounds(self.ranges)
         self._rows: list[list[Record]] = [[] for _ in self.ranges]
         for rec in rows:
-            self._rows[bisect_right(self._bounds, rec[0])].append(rec)  # type: ignore[arg-type]
+            self._rows[bisect_right(self._bounds, rec[0])].append(rec)
         self.sums = [range_sum(part) for part in self._rows]
 
     def __len__(self) -> int:
@@ -268,7 +277,7 @@ class RangeChecksumCopy:
         Rows shipped for a range must lie in it and have distinct keys (``SnapshotError``
         otherwise). A range that grew past twice ``rows_per_range`` is split afterwards.
         """
-        changes = []
+        changes: list[Change] = []
         changed: list[KeyRange] = []
         shipped = 0
         for i, r in enumerate(self.ranges):
@@ -308,7 +317,7 @@ class RangeChecksumCopy:
                 parts.append(chunk)
                 sums.append(range_sum(chunk))
         self.ranges, self._rows, self.sums = ranges, parts, sums
-        self._bounds = [r.lo for r in ranges[1:]]
+        self._bounds = _lower_bounds(ranges)
 
     def replan(self, rows_per_range: int | None = None) -> None:
         """Re-run the initialization over the copy (no source access): new ranges of

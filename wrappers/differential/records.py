@@ -35,12 +35,11 @@ algorithms (they are the ones who see keys meet).
 from __future__ import annotations
 
 import csv
-import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import Any
+from typing import Any, BinaryIO
 
 from wrappers.differential.errors import SnapshotError
 from wrappers.differential.spill import IOStats, RecordFile, SpillError
@@ -153,6 +152,15 @@ class Schema:
         for i, v in zip(self.rest_index, rest, strict=True):
             row[i] = v
         return tuple(row)
+
+
+def _key_columns(key: Sequence[str] | str) -> tuple[str, ...]:
+    """``key`` as a tuple of column names; a single name may be given as a string.
+
+    >>> _key_columns("id"), _key_columns(["a", "b"])
+    (('id',), ('a', 'b'))
+    """
+    return (key,) if isinstance(key, str) else tuple(key)
 
 
 def check_compatible(
@@ -435,7 +443,7 @@ def from_rows(
     >>> from_rows([("x", 1)], columns=("name", "id"), key="id").scan().__next__()
     ((1,), ('x',))
     """
-    schema = Schema(tuple(columns), key)
+    schema = Schema(tuple(columns), _key_columns(key))
     n = len(schema.columns)
     kidx, ridx = schema.key_index, schema.rest_index
     records = []
@@ -447,7 +455,7 @@ def from_rows(
 
 
 # -- CSV ------------------------------------------------------------------------------------
-def _open_binary(path: str) -> io.BufferedReader:
+def _open_binary(path: str) -> BinaryIO:
     try:
         return open(path, "rb", buffering=1 << 20)
     except OSError as exc:
@@ -473,6 +481,7 @@ class CsvSnapshot(Snapshot):
     """
 
     supports_pointers = True
+    schema: Schema  # read from the header, so always known
 
     def __init__(
         self,
@@ -503,7 +512,7 @@ class CsvSnapshot(Snapshot):
         if unknown:
             raise SnapshotError(f"{self.path}: types given for unknown column(s) {unknown}")
         type_names = tuple(getattr(types.get(c, str), "__name__", "custom") for c in columns)
-        self.schema = Schema(tuple(columns), key, type_names)
+        self.schema = Schema(tuple(columns), _key_columns(key), type_names)
         self._header_len = len(header)
         self._converters = [types.get(c) for c in columns]
         self._typed = any(c is not None for c in self._converters)
@@ -513,7 +522,7 @@ class CsvSnapshot(Snapshot):
             self.nbytes = None
 
     # parsing ---------------------------------------------------------------------------
-    def _quoted(self, line: bytes, f: io.BufferedReader, lineno: int) -> tuple[list[str], bytes]:
+    def _quoted(self, line: bytes, f: BinaryIO, lineno: int) -> tuple[list[str], bytes]:
         buf = line
         while buf.count(b'"') % 2:
             more = f.readline()
@@ -769,6 +778,7 @@ class ParquetSnapshot(Snapshot):
     """
 
     supports_pointers = True
+    schema: Schema  # read from the file's metadata, so always known
 
     def __init__(self, path: str | os.PathLike[str], key: Sequence[str] | str, *, batch_rows: int = 65536) -> None:
         self.path = os.fspath(path)
@@ -782,7 +792,7 @@ class ParquetSnapshot(Snapshot):
         finally:
             pf.close()
         columns = tuple(arrow_schema.names)
-        self.schema = Schema(columns, key, tuple(str(t) for t in arrow_schema.types))
+        self.schema = Schema(columns, _key_columns(key), tuple(str(t) for t in arrow_schema.types))
         self._ordered = [columns[i] for i in self.schema.key_index] + list(self.schema.rest_columns)
         try:
             self.nbytes = os.path.getsize(self.path)
@@ -860,7 +870,7 @@ def write_parquet(
     """Write records to a Parquet file (types inferred by pyarrow); returns the count."""
     pa, pq = _arrow()
     rows = [schema.join(k, r) for k, r in records]
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.columns]
+    columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.columns]
     table = pa.table({name: list(col) for name, col in zip(schema.columns, columns, strict=True)})
     pq.write_table(table, path, row_group_size=row_group_rows)
     return len(rows)

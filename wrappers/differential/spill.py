@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import Any
+from typing import Any, BinaryIO
 
 from wrappers.differential.errors import SpillError
 
@@ -206,6 +206,7 @@ class RecordFile:
         self._chunk = max(1, int(chunk_records))
         self._buf: list[Any] = []
         self._count = 0
+        self._writer: BinaryIO | None  # None once sealed
         if path is None:
             fd, name = tempfile.mkstemp(prefix="pvm-diff-", suffix=".rec", dir=directory)
             self._writer = os.fdopen(fd, "wb", buffering=1 << 20)
