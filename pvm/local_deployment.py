@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pvm.cli import CliError
 
 if TYPE_CHECKING:
-    from wrappers.process import WrapperProcess
+    from pvm.wrapper_process import WrapperProcess
 
 
 def catalog_url(data_dir: Path) -> str:

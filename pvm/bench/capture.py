@@ -200,8 +200,8 @@ def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
 
 # -- 2. freshness and convergence of a view over three databases --------------------------------
 async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any]:
+    from pvm.bench import three_sources as scenario
     from pvm.local_deployment import LocalDeployment
-    from wrappers import three_sources as scenario
 
     with tempfile.TemporaryDirectory(prefix="pvm-bench-capture-") as tmp:
         data = Path(tmp)

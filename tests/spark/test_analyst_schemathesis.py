@@ -39,7 +39,9 @@ def test_no_analyst_operation_answers_5xx_on_the_spark_store(
         )
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 120
-        while httpx.get(f"{live.url}/v1/views/{view}", headers=live.auth("admin"), timeout=60).json()["state"] != "active":
+        while (
+            httpx.get(f"{live.url}/v1/views/{view}", headers=live.auth("admin"), timeout=60).json()["state"] != "active"
+        ):
             assert time.monotonic() < deadline, "the view did not become active"
             time.sleep(0.2)
 
