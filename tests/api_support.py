@@ -137,10 +137,13 @@ def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
 SCHEMATHESIS_EXAMPLES = 30
 
 
-def exercise(operation: Any, mode: Any, live: LiveManager, statuses: Counter[int]) -> None:
+def exercise(
+    operation: Any, mode: Any, live: LiveManager, statuses: Counter[int], path_parameters: dict[str, str] | None = None
+) -> None:
     """Schemathesis's generated requests (``mode``: valid or invalid ones) to one operation of
     ``live`` with an admin token, derandomized and bounded; fails on any 5xx. The answered
-    statuses are counted in ``statuses``."""
+    statuses are counted in ``statuses``. ``path_parameters`` pins those parameters (a view
+    that exists, so the rest of the request reaches past the 404)."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
@@ -153,6 +156,8 @@ def exercise(operation: Any, mode: Any, live: LiveManager, statuses: Counter[int
     )
     def run(case) -> None:
         case.headers = {**(case.headers or {}), **live.auth("admin")}  # roles are tested on their own
+        if path_parameters and case.path_parameters:
+            case.path_parameters = {**case.path_parameters, **path_parameters}
         response = case.call(base_url=live.url, timeout=30)
         statuses[response.status_code] += 1
         if (case.method, case.path, response.status_code) == (
