@@ -44,7 +44,16 @@ from typing import Any
 import httpx
 
 from warehouse.analysts.engine import CONNECT_TOKEN_ENV
-from warehouse.analysts.messages import Published, QueryRequest, QueryResult, RowsRequest, RowsResult, WorkerHealth
+from warehouse.analysts.messages import (
+    Published,
+    QueryRequest,
+    QueryResult,
+    RowsRequest,
+    RowsResult,
+    VerifyRequest,
+    VerifyResult,
+    WorkerHealth,
+)
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +415,17 @@ class AnalystProcess:
             )
             return RowsResult.model_validate(await self._call("/rows", request.model_dump_json(), tag))
 
-    async def _call(self, path: str, body: str, tag: str) -> Any:
+    async def verify(self, request: VerifyRequest, who: str) -> VerifyResult:
+        """Recompute a view from the relations in ``request`` and compare it with the view as
+        of W, read from the files of the request's record (a verification's engine part,
+        ``warehouse/verify.py``). It counts against the limits as a query of ``who`` does."""
+        with self.admit(who):
+            tag = f"pvm-verify-{uuid.uuid4().hex}"
+            # the relations may be large: encoded off the event loop
+            body = await asyncio.to_thread(request.model_copy(update={"tag": tag}).model_dump_json)
+            return VerifyResult.model_validate(await self._call("/verify", body, tag, "the verification"))
+
+    async def _call(self, path: str, body: str, tag: str, what: str = "the query") -> Any:
         if not self.ready:
             raise AnalystsUnavailable("the analysts' query process is starting; try again shortly")
         transport = httpx.AsyncHTTPTransport(uds=str(self.socket))
@@ -419,7 +438,7 @@ class AnalystProcess:
             except TimeoutError:
                 self._stop_later(tag)
                 raise QueryTimedOut(
-                    f"the query ran longer than {self.settings.timeout_s:.0f} s and was cancelled"
+                    f"{what} ran longer than {self.settings.timeout_s:.0f} s and was cancelled"
                 ) from None
             except httpx.HTTPError:
                 self.restart("its socket stopped answering in the middle of a request")
@@ -427,7 +446,7 @@ class AnalystProcess:
                     "the analysts' query process ended while answering and is being restarted; try again shortly"
                 ) from None
         if response.status_code == 400:
-            raise QueryRefused(f"the query failed: {_detail(response)}")
+            raise QueryRefused(f"{what} failed: {_detail(response)}")
         if response.status_code != 200:
             raise AnalystsUnavailable(f"the analysts' query process failed: {_detail(response)}")
         return response.json()
