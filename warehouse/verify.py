@@ -51,6 +51,7 @@ from warehouse.analysts.verification import differences
 from warehouse.catalog.db import LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
+from warehouse.store.base import StoreError
 
 if TYPE_CHECKING:
     from warehouse.manager import Manager, ViewHandle
@@ -256,7 +257,10 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
             break
         # Taken after the sources were read, so that its files are kept (a compaction retires
         # them only after the query timeout) for as long as the query process may read them.
-        record = manager.store.record(name)  # type: ignore[union-attr]
+        try:
+            record = manager.store.record(name)  # type: ignore[union-attr]
+        except StoreError as exc:  # dropped meanwhile
+            raise VerifyError(str(exc), 404) from exc
         if record.compacted_through <= watermark:
             request = await asyncio.to_thread(
                 _request, handle.plan, contents, record.to_record(), watermark, max_differences

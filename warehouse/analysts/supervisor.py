@@ -11,7 +11,8 @@ restart it, and hand it analysts' work within limits.
   sender thread posts what changed, in order, coalescing bursts. After a restart the whole
   set goes again.
 * **Limits.** At most ``concurrency`` queries at once, ``per_principal`` per token; more is
-  refused at once (``AnalystsBusy``, 429), never queued without bound.
+  refused at once (``AnalystsBusy``, 429), never queued without bound. A verification's
+  recomputation and comparison (``verify``) count as a query.
 * **Timeouts that end the work.** A query past ``timeout_s`` is answered as timed out; its
   Spark jobs are cancelled with their tasks interrupted; if it still runs ``grace_s`` later
   (a plan that blows up on the driver has no job to cancel), the process is ended and
