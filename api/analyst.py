@@ -40,7 +40,8 @@ were more); a query running longer than the timeout (``pvm serve --query-timeout
 regardless. A busy process answers 429, a starting one 503, both with ``Retry-After``.
 
 ``POST /v1/views/{name}/verify`` recomputes the view from its sources and compares it with
-the store as of the watermark (``warehouse/verify.py``).
+the store as of the watermark (``warehouse/verify.py``); the recomputation and the comparison
+run in the analysts' query process too, at most ``--max-verifications`` at once (429 beyond).
 """
 
 from __future__ import annotations
@@ -831,8 +832,11 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
     "/v1/views/{name}/verify",
     summary="Verify a view against its sources",
     description="Snapshots of the sources shipped by the wrappers, moved back to the view's cut at its "
-    "watermark with the logged updates, recomputed in Spark SQL and compared with the view as of W. "
-    "`equal` says whether they match; `missing`/`extra` list differing rows. Needs an analyst or admin token.",
+    "watermark with the logged updates, recomputed in Spark SQL and compared with the view as of W, both in "
+    "the analysts' query process (it reads the stored view from the store's files: no store lock is held "
+    "and maintenance is not slowed). `equal` says whether they match; `missing`/`extra` list differing rows. "
+    "At most `pvm serve --max-verifications` (default 1) run at once over all views, one per view: more are "
+    "refused with 429 and `Retry-After`. Needs an analyst or admin token.",
     responses={
         200: {
             "content": {
@@ -856,6 +860,17 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
         },
         404: {"content": {"application/json": {"example": {"detail": "unknown view 'nope'"}}}},
         409: {"content": {"application/json": {"example": {"detail": "view 'v' is still initializing"}}}},
+        429: {
+            "content": {
+                "application/json": {
+                    "example": {
+                        "detail": "1 verification(s) already running ('orders' (12 s)), the most this manager runs "
+                        "at once (pvm serve --max-verifications, now 1); ask again once one has answered"
+                    }
+                }
+            },
+            "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+        },
     },
 )
 async def verify(name: str, request: Request, body: VerifyIn | None = None) -> dict[str, Any]:
@@ -865,7 +880,10 @@ async def verify(name: str, request: Request, body: VerifyIn | None = None) -> d
 
     manager = _manager(request)
     try:
-        report = await verify_view(manager, name, (body or VerifyIn()).max_differences)
+        report = await verify_view(manager, name, (body or VerifyIn()).max_differences, who(request))
     except VerifyError as exc:
-        raise ManagerError(str(exc), exc.status) from exc
+        headers = None if exc.retry_after is None else {"Retry-After": str(int(exc.retry_after))}
+        raise HTTPException(status_code=exc.status, detail=str(exc), headers=headers) from exc
+    except AnalystError as exc:
+        raise analyst_error(exc) from exc
     return report.to_dict()

@@ -8,6 +8,8 @@ socket:
 * ``POST /publish``: new store records;
 * ``POST /query``: checked analyst SQL, at most ``limit`` rows and ``max_bytes`` of answer;
 * ``POST /rows``: a sorted page of one view's rows, read from the files a record names;
+* ``POST /verify``: a view recomputed from the relations sent, compared with the view as of
+  W read from the files a record names (a verification's engine part);
 * ``POST /cancel``: cancel the Spark jobs of a running query (its tasks are interrupted);
 * ``GET /health``: ready, the queries running, the Connect port.
 
@@ -30,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from warehouse.analysts.engine import CONNECT_TOKEN_ENV, Engine, QueryFailed, spark_message, start_spark, watch_jvm
@@ -41,6 +43,8 @@ from warehouse.analysts.messages import (
     QueryResult,
     RowsRequest,
     RowsResult,
+    VerifyRequest,
+    VerifyResult,
     WorkerHealth,
 )
 
@@ -82,6 +86,13 @@ def create_app(engine: Engine, connect_port: int | None) -> FastAPI:
     @app.post("/rows")
     async def rows(body: RowsRequest) -> RowsResult:
         return await engine.in_pool(engine.rows, body)
+
+    @app.post("/verify")
+    async def verify(request: Request) -> VerifyResult:
+        # The relations may be large: parsed on a query thread, not on the loop that
+        # answers health checks.
+        body = await request.body()
+        return await engine.in_pool(lambda: engine.verify(VerifyRequest.model_validate_json(body)))
 
     @app.post("/cancel")
     async def cancel(body: Cancel) -> dict[str, bool]:

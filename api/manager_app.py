@@ -487,8 +487,8 @@ def create_app(
             "with `pvm token create --role …`. `/metrics` (Prometheus) and these docs are open.\n\n"
             '**Errors** are JSON `{"detail": "<message>"}`: 400 malformed body, 401 no valid token, '
             "403 wrong role, 404 unknown name, 409 conflict, 413 body too large, 422 invalid request or "
-            "unsupported SQL, 429 too many failed authentication attempts (see `Retry-After`), 502 a source's "
-            "wrapper failed."
+            "unsupported SQL, 429 too many failed authentication attempts, analyst queries or verifications "
+            "(see `Retry-After`), 502 a source's wrapper failed."
         ),
         lifespan=lifespan,
         openapi_tags=[

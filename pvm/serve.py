@@ -126,6 +126,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how far beyond a source's last received seq an update is accepted, held until the gap fills (default: 100000)",
     )
     parser.add_argument(
+        "--max-verifications",
+        type=int,
+        default=1,
+        metavar="N",
+        help="view verifications (pvm verify) run at once over all views; more are refused with 429 (default: 1)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level"
     )
 
@@ -280,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
             stall_after_s=args.stall_after,
             catalog_key_file=key_file,
             seq_window=args.seq_window,
+            max_verifications=args.max_verifications,
         )
         verifier = verifier_for(manager)
 
@@ -330,6 +338,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--commit-group-size must be at least 1")
     if args.seq_window < 1:
         raise CliError("--seq-window must be at least 1")
+    if args.max_verifications < 1:
+        raise CliError("--max-verifications must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
         raise CliError("--commit-linger must be a number of seconds, 0 or more")
     if not (math.isfinite(args.stall_after) and args.stall_after > 0):

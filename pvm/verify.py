@@ -1,9 +1,10 @@
 """``pvm verify VIEW``: recompute a view from its sources and compare it with the stored view.
 
 The running manager does the work (``POST /v1/views/VIEW/verify``): it reads every relation
-of the view as a snapshot through its wrapper, takes back the updates the view does not
-reflect yet, runs the view's SELECT in Spark SQL over the result and compares it with the
-view as of its watermark. This command asks for it, shows the differences and exits 0 when
+of the view as a snapshot through its wrapper and takes back the updates the view does not
+reflect yet; its analysts' query process runs the view's SELECT in Spark SQL over the result
+and compares it with the view as of its watermark. The manager runs at most
+``pvm serve --max-verifications`` at once (a refused one exits 2 naming the limit). This command asks for it, shows the differences and exits 0 when
 the view is right, 1 when it differs, 2 when it could not be verified.
 """
 

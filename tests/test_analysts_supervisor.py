@@ -146,3 +146,32 @@ async def test_sql_is_checked_after_admission_on_the_analysts_own_threads(tmp_pa
         await process.query("SELECT 2", 10, "a", check=check)
     assert len(checked_on) == 1
     process._checks.shutdown()
+
+
+def test_relations_reach_the_query_process_with_their_values_and_weights() -> None:
+    """A verification sends the relations as JSON: non-finite floats travel tagged, every NaN
+    comes back as the one object Z-sets can cancel, and 1, 1.0, True and "1" stay apart."""
+    from contract.schemas import NAN
+    from contract.zset import ZSet
+    from warehouse.analysts.messages import VerifyRelation, VerifyRequest, VerifyResult
+    from warehouse.analysts.verification import relation_contents
+
+    contents = ZSet({(1, float("nan")): 2, (1.0, float("inf")): -1, (True, None): 1, ("1", 2**63 - 1): 3})
+    request = VerifyRequest(
+        record={},
+        as_of=7,
+        sql="SELECT 1",
+        relations=[
+            VerifyRelation(name="r", label="s.r", columns=["a", "b"], rows=[[*r, w] for r, w in contents.items()])
+        ],
+        max_differences=5,
+    )
+    received = VerifyRequest.model_validate_json(request.model_dump_json())
+    assert relation_contents(received.relations[0]) == ZSet(
+        {(1, NAN): 2, (1.0, float("inf")): -1, (True, None): 1, ("1", 2**63 - 1): 3}
+    )
+    assert [type(r[0]) for r, _ in relation_contents(received.relations[0]).items()] == [int, float, bool, str]
+    result = VerifyResult(
+        expected_rows=1, stored_rows=0, missing=[([NAN], 1)], extra=[], missing_total=1, extra_total=0
+    )
+    assert VerifyResult.model_validate_json(result.model_dump_json()).missing[0][0][0] is NAN

@@ -5,7 +5,7 @@ for a while) is retried with backoff and shown in the view's status, never remem
 ``failed``; a fault that needs a person fails the view, and ``resume`` (or a restart) runs
 its unfinished units again with their order numbers. A restart keeps the PPU limit, a paused
 or failed view keeps its queue in the update log only, readiness reports a dead store and a
-stalled view, and one verification of a view runs at a time.
+stalled view, and verifications run one at a time per view and within the manager's limit.
 """
 
 from __future__ import annotations
@@ -461,27 +461,69 @@ async def test_a_paused_view_is_not_stalled(tmp_path):
         assert (await env.client.get("/v1/ready")).status_code == 200
 
 
-# -- verification: one at a time per view -----------------------------------------------------------
+# -- verification: one at a time per view, at most --max-verifications over all views ----------------
+
+
+def hold_snapshots(source: SimSource) -> tuple[asyncio.Event, asyncio.Event]:
+    """The source's snapshot reads (a verification's initial-load subqueries) wait for
+    ``release``; ``reached`` is set once one waits."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    answer = source.subquery
+
+    async def held(q: Subquery) -> SubqueryAnswer:
+        if q.keys == [[]]:
+            reached.set()
+            await release.wait()
+        return await answer(q)
+
+    source.subquery = held  # type: ignore[method-assign]
+    return reached, release
 
 
 async def test_a_second_verification_of_a_view_is_refused_while_one_runs(tmp_path):
     async with served(tmp_path) as env:
-        source, reached, release = env.sources["a"], asyncio.Event(), asyncio.Event()
-        answer = source.subquery
-
-        async def held(q: Subquery) -> SubqueryAnswer:  # the snapshot read of a verification
-            if q.keys == [[]]:
-                reached.set()
-                await release.wait()
-            return await answer(q)
-
-        source.subquery = held
+        reached, release = hold_snapshots(env.sources["a"])
         first = asyncio.create_task(env.client.post("/v1/views/v/verify", headers=env.admin))
         await asyncio.wait_for(reached.wait(), 10)
         second = await asyncio.wait_for(env.client.post("/v1/views/v/verify", headers=env.admin), 10)
-        assert second.status_code == 409, second.text
+        assert second.status_code == 429, second.text
         assert "a verification of view 'v' is already running" in second.json()["detail"]
+        assert int(second.headers["Retry-After"]) > 0
         release.set()
         assert (await first).json()["equal"] is True
         third = await env.client.post("/v1/views/v/verify", headers=env.admin)
         assert third.status_code == 200 and third.json()["equal"] is True
+
+
+async def test_verifications_of_other_views_wait_for_the_global_limit(tmp_path):
+    """One verification at a time over all views by default (``--max-verifications``): each
+    reads every relation through its wrapper and recomputes its view, and N of them at once
+    would pile that work up."""
+    async with served(tmp_path) as env:
+        await env.manager.define_view(VIEW, "w", parallelism=2)
+        await env.manager.wait_idle("w")
+        reached, release = hold_snapshots(env.sources["a"])
+        first = asyncio.create_task(env.client.post("/v1/views/v/verify", headers=env.admin))
+        await asyncio.wait_for(reached.wait(), 10)
+        other = await asyncio.wait_for(env.client.post("/v1/views/w/verify", headers=env.admin), 10)
+        assert other.status_code == 429, other.text
+        detail = other.json()["detail"]
+        assert "the most this manager runs at once" in detail and "--max-verifications" in detail, detail
+        assert "'v'" in detail  # which one runs
+        assert int(other.headers["Retry-After"]) > 0
+        release.set()
+        assert (await first).json()["equal"] is True
+        again = await env.client.post("/v1/views/w/verify", headers=env.admin)
+        assert again.status_code == 200 and again.json()["equal"] is True
+
+        # with room for two, both run at once
+        env.manager.verifications.limit = 2
+        reached.clear()
+        release.clear()
+        first = asyncio.create_task(env.client.post("/v1/views/v/verify", headers=env.admin))
+        await asyncio.wait_for(reached.wait(), 10)
+        second = asyncio.create_task(env.client.post("/v1/views/w/verify", headers=env.admin))
+        await until(lambda: len(env.manager.verifications.running) == 2)
+        release.set()
+        assert [(await t).json()["equal"] for t in (first, second)] == [True, True]
+        assert not env.manager.verifications.running

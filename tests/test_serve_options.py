@@ -104,9 +104,10 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-def test_seq_window_must_be_positive(tmp_path, capsys, value: str) -> None:
-    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"--seq-window={value}")
-    assert code == 2 and "--seq-window" in err, err
+@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications"])
+def test_counts_must_be_positive(tmp_path, capsys, value: str, option: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"{option}={value}")
+    assert code == 2 and option in err, err
 
 
 def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> None:
@@ -138,6 +139,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "7",
                 "--seq-window",
                 "50",
+                "--max-verifications",
+                "2",
             ]
         )
     # the memory store: no analysts' query process
@@ -147,6 +150,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "catalog_key_file": tmp_path / "catalog.key",
         "stall_after_s": 60.0,
         "seq_window": 50,
+        "max_verifications": 2,
     }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 

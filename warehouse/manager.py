@@ -33,6 +33,7 @@ from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
+from warehouse.verify import MAX_VERIFICATIONS, Verifications
 
 if TYPE_CHECKING:
     from warehouse.store.spark import SparkStore
@@ -74,7 +75,6 @@ class ViewHandle:
     extractor: DeltaExtractor
     maintainer: ViewMaintainer
     bases: dict[str, int] | None  # None while the view is being defined: route everything
-    verifying_since: float | None = None  # a verification runs (time.monotonic() it began)
 
 
 def view_progress(handle: ViewHandle) -> dict[str, Any]:
@@ -122,6 +122,7 @@ class Manager:
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
         source_watch_s: float = SOURCE_WATCH_S,
+        max_verifications: int = MAX_VERIFICATIONS,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -130,11 +131,13 @@ class Manager:
         SQLite catalog file). ``backoff``: waits between retries of a transient fault;
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
-        asked."""
+        asked; ``max_verifications``: verifications run at once over all views
+        (``warehouse.verify``)."""
         self.catalog_url = catalog_url
         self.catalog_key_file = catalog_key_file
         self.store = store  # None until start() is given one
-        self.analysts = analysts  # runs analysts' SQL and row reads (Spark store only)
+        self.analysts = analysts  # runs analysts' SQL, row reads and verifications (Spark store only)
+        self.verifications = Verifications(max_verifications)
         self.started = False
         self.source_watch_s = source_watch_s
         self.source_health: dict[str, dict[str, Any]] = {}  # source -> its wrapper's last report

@@ -12,19 +12,29 @@ in the state the view claims to reflect. The view's own SELECT then runs over th
 in Spark SQL (its ``source.table`` references rewritten to temporary views), and the result is
 compared, row by row with multiplicities, with the store's signed weights as of W.
 
-With a store that has no Spark session (the in-memory store) the recomputation runs in plain
-Python (``warehouse.recompute``) instead.
+Where it runs. The manager reads the snapshots and the update log (the sources' cut above);
+the recomputation and the comparison run in the analysts' query process
+(``warehouse/analysts/verification.py``): the manager sends it the relations' contents, the
+view's SELECT and the store's record of the view, and it reads the stored view as of W from
+the files that record names (what they hold up to W no longer changes), as ``/rows`` does. So a verification never holds the
+store's per-view lock (the one commits and publishes take), never reads the view into the
+manager, and never runs in the Spark session that writes the store: it competes with
+analysts' queries, within their limits (concurrency, ``--query-timeout``), not with
+maintenance. With a store that has no Spark session (the in-memory store: tests and quick
+runs) the recomputation runs in plain Python (``warehouse.recompute``) in the manager instead.
 
-One verification runs at a time per view: it reads every relation of the view through its
-wrapper and recomputes the view, so a second one asked meanwhile is refused (409) rather than
-queued: it would only repeat the same work for an answer the first is about to give.
+How many run. At most ``--max-verifications`` at once over all the manager's views (default
+1), and one at a time per view. A verification reads every relation of the view through its
+wrapper and recomputes the view, so more are refused (429 with ``Retry-After``) rather than
+queued: a queue would only pile work on the wrappers and the query process, and a second
+verification of the same view would repeat the first one's work for the answer it is about to
+give.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,27 +44,34 @@ import sqlglot
 from sqlglot import exp
 
 from contract import expr
-from contract.schemas import NAN, Subquery
-from contract.zset import Row, ZSet, row_order
+from contract.schemas import Subquery
+from contract.zset import Row, ZSet
+from warehouse.analysts.messages import VerifyRelation, VerifyRequest
+from warehouse.analysts.verification import differences
 from warehouse.catalog.db import LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
+from warehouse.store.base import StoreError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from warehouse.manager import Manager, ViewHandle
 
-ATTEMPTS = 3  # a compaction may fold W away between reading W and reading the store
+__all__ = ["Report", "SourceCut", "Verifications", "VerifyError", "differences", "reflected_seqs", "verify_view"]
+
+ATTEMPTS = 3  # a compaction may fold W away while the sources are read: the check starts over
+MAX_VERIFICATIONS = 1  # at once over all views of a manager (pvm serve --max-verifications)
+BUSY_RETRY_AFTER_S = 5  # what a refused client hears; a verification takes seconds to minutes
 
 
 class VerifyError(Exception):
-    """The view cannot be verified now (still initializing, failed, …); ``status`` is the HTTP
-    status to answer with."""
+    """The view cannot be verified now (still initializing, failed, too many running, …);
+    ``status`` is the HTTP status to answer with, ``retry_after`` (seconds) when asking again
+    later can succeed."""
 
-    def __init__(self, message: str, status: int = 409) -> None:
+    def __init__(self, message: str, status: int = 409, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -143,14 +160,6 @@ def roll_back(
     return out, used
 
 
-def differences(expected: ZSet, stored: ZSet, limit: int) -> tuple[list, list, int, int]:
-    """Rows missing from the store and extra in it, with counts (first ``limit`` of each)."""
-    diff = stored - expected
-    missing = sorted(((r, -w) for r, w in diff.items() if w < 0), key=lambda x: row_order(x[0]))
-    extra = sorted(((r, w) for r, w in diff.items() if w > 0), key=lambda x: row_order(x[0]))
-    return missing[:limit], extra[:limit], sum(n for _, n in missing), sum(n for _, n in extra)
-
-
 def spark_select(plan: ViewPlan, tables: Mapping[tuple[str, str], str]) -> str:
     """The view's SELECT in Spark SQL with every ``source.table`` replaced by ``tables[…]``
     (aliased as before, so column references keep resolving)."""
@@ -165,100 +174,74 @@ def spark_select(plan: ViewPlan, tables: Mapping[tuple[str, str], str]) -> str:
     return select.sql(dialect="spark")
 
 
-# -- Spark ---------------------------------------------------------------------------------------
+# -- how many run --------------------------------------------------------------------------------
 
 
-def _infer_type(values: Sequence[Any]):
-    from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType
+class Verifications:
+    """The verifications running in a manager: at most ``limit`` at once over all its views,
+    and one per view. Counted on the event loop (``admit`` never awaits), so no lock is needed."""
 
-    kinds = {type(v) for v in values if v is not None}
-    if not kinds or kinds <= {str}:
-        return StringType(), None
-    if kinds <= {bool}:
-        return BooleanType(), None
-    if kinds <= {int} and all(-(2**63) <= v < 2**63 for v in values if v is not None):
-        return LongType(), None
-    if kinds <= {int, float}:
-        return DoubleType(), None
-    return StringType(), "mixes value types " + ", ".join(sorted(k.__name__ for k in kinds)) + "; compared as text"
+    def __init__(self, limit: int = MAX_VERIFICATIONS) -> None:
+        if limit < 1:
+            raise ValueError("at least one verification must be allowed to run")
+        self.limit = limit
+        self.running: dict[str, float] = {}  # view -> time.monotonic() its verification began
 
-
-def _frame(spark: SparkSession, columns: Sequence[str], contents: ZSet, notes: list[str], label: str):
-    """A DataFrame of the bag ``contents`` (each row repeated by its weight)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_type
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    negative = [r for r, w in contents.items() if w < 0]
-    if negative:
-        notes.append(f"{label}: {len(negative)} row(s) with a negative count in the rolled-back snapshot")
-    rows = contents.expand()
-    fields, arrays = [], []
-    for i, name in enumerate(columns):
-        values = [r[i] for r in rows]
-        kind, note = _infer_type(values)
-        if note:
-            notes.append(f"{label}.{name} {note}")
-        if note or isinstance(kind, StringType):
-            values = [None if v is None else v if isinstance(v, str) else str(v) for v in values]
-        fields.append(StructField(name, kind))
-        arrays.append(pa.array(values, type=to_arrow_type(kind)))
-    schema = StructType(fields)
-    table = pa.Table.from_arrays(arrays, names=list(columns))
-    return spark.createDataFrame(table, schema=schema)
-
-
-def spark_recompute(
-    spark: SparkSession, plan: ViewPlan, contents: Mapping[tuple[str, str], ZSet], notes: list[str]
-) -> ZSet:
-    session = spark.newSession()  # temporary views of its own, the catalog shared
-    prefix = f"pvm_verify_{uuid.uuid4().hex[:10]}"
-    names: dict[tuple[str, str], str] = {}
-    for i, r in enumerate(plan.relations):
-        name = f"{prefix}_{i}"
-        _frame(
-            session, r.columns, contents[(r.source, r.table)], notes, f"{r.source}.{r.table}"
-        ).createOrReplaceTempView(name)
-        names[(r.source, r.table)] = name
-    try:
-        result = session.sql(spark_select(plan, names)).toArrow()
-    finally:
-        for name in names.values():
-            session.catalog.dropTempView(name)
-    columns = [[NAN if v != v else v for v in result.column(i).to_pylist()] for i in range(result.num_columns)]
-    return ZSet.from_rows(zip(*columns))  # every NaN the one object Z-sets can cancel
+    @contextmanager
+    def admit(self, view: str) -> Iterator[None]:
+        """Count a verification of ``view`` while the block runs; VerifyError (429, with
+        ``retry_after``) if one of the view already runs, or ``limit`` of any view do."""
+        now = time.monotonic()
+        if view in self.running:
+            raise VerifyError(
+                f"a verification of view {view!r} is already running (started {now - self.running[view]:.1f} s "
+                "ago); wait for its answer, then ask again if needed",
+                429,
+                BUSY_RETRY_AFTER_S,
+            )
+        if len(self.running) >= self.limit:
+            running = ", ".join(f"{v!r} ({now - t:.0f} s)" for v, t in sorted(self.running.items()))
+            raise VerifyError(
+                f"{len(self.running)} verification(s) already running ({running}), the most this manager runs at "
+                f"once (pvm serve --max-verifications, now {self.limit}); ask again once one has answered",
+                429,
+                BUSY_RETRY_AFTER_S,
+            )
+        self.running[view] = now
+        try:
+            yield
+        finally:
+            del self.running[view]
 
 
 # -- the whole check -----------------------------------------------------------------------------
 
 
-@contextmanager
-def only_one(handle: ViewHandle, name: str) -> Iterator[None]:
-    """Marks a verification of the view as running; VerifyError (409) if one already is."""
-    if handle.verifying_since is not None:
-        running = time.monotonic() - handle.verifying_since
-        raise VerifyError(
-            f"a verification of view {name!r} is already running (started {running:.1f} s ago); "
-            "wait for its answer, then ask again if needed"
-        )
-    handle.verifying_since = time.monotonic()
-    try:
-        yield
-    finally:
-        handle.verifying_since = None
+async def verify_view(manager: Manager, name: str, max_differences: int = 20, who: str = "a verification") -> Report:
+    """Recompute view ``name`` from its sources and compare it with the store as of W, within
+    the manager's limits on verifications. ``who``: whose request it is, counted against the
+    analysts' query process's limits like a query of theirs."""
+    manager.view(name)  # an unknown view is 404, whatever runs
+    with manager.verifications.admit(name):
+        return await _verify(manager, name, max_differences, who)
 
 
-async def verify_view(manager: Manager, name: str, max_differences: int = 20) -> Report:
-    """Recompute view ``name`` from its sources and compare it with the store as of W, one
-    verification of the view at a time."""
-    with only_one(manager.view(name), name):
-        return await _verify(manager, name, max_differences)
+def _engine(manager: Manager) -> str:
+    """Where the recomputation and the comparison run: "spark" (the analysts' query process)
+    or "python" (in the manager, for a store held in this process)."""
+    if manager.analysts is not None and hasattr(manager.store, "record"):
+        return "spark"
+    if getattr(manager.store, "spark", None) is None:
+        return "python"
+    raise VerifyError(
+        "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)",
+        501,
+    )
 
 
-async def _verify(manager: Manager, name: str, max_differences: int) -> Report:
-    from warehouse.manager import ManagerError
-
+async def _verify(manager: Manager, name: str, max_differences: int, who: str) -> Report:
     started = time.perf_counter()
+    engine = _engine(manager)
     for attempt in range(ATTEMPTS):
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
@@ -266,14 +249,54 @@ async def _verify(manager: Manager, name: str, max_differences: int) -> Report:
         if handle.bases is None or handle.maintainer.initial_order is not None:
             raise VerifyError(f"view {name!r} is still being initialized; verify it once it is active")
         watermark = handle.maintainer.protocol.watermark
-        try:
-            stored = await asyncio.to_thread(manager.read, name, watermark)
+        contents, cuts = await _relations_as_of(manager, name, handle, watermark)
+        if engine == "python":
+            report = await asyncio.to_thread(
+                _compare_here, manager, name, handle.plan, contents, watermark, max_differences
+            )
             break
-        except ManagerError:
-            if attempt == ATTEMPTS - 1:
-                raise
-    assert handle.bases is not None  # checked in the loop; a defined view keeps its bases
-    plan, bases = handle.plan, dict(handle.bases)
+        # Taken after the sources were read, so that its files are kept (a compaction retires
+        # them only after the query timeout) for as long as the query process may read them.
+        try:
+            record = manager.store.record(name)  # type: ignore[union-attr]
+        except StoreError as exc:  # dropped meanwhile
+            raise VerifyError(str(exc), 404) from exc
+        if record.compacted_through <= watermark:
+            request = await asyncio.to_thread(
+                _request, handle.plan, contents, record.to_record(), watermark, max_differences
+            )
+            result = await manager.analysts.verify(request, who)  # type: ignore[union-attr]
+            report = Report(
+                view=name,
+                columns=list(handle.plan.output_names),
+                watermark=watermark,
+                engine="spark",
+                expected_rows=result.expected_rows,
+                stored_rows=result.stored_rows,
+                missing=[(tuple(r), n) for r, n in result.missing],
+                extra=[(tuple(r), n) for r, n in result.extra],
+                missing_total=result.missing_total,
+                extra_total=result.extra_total,
+                notes=result.notes,
+            )
+            break
+        if attempt == ATTEMPTS - 1:
+            raise VerifyError(
+                f"compactions of view {name!r} kept folding its state as of W while its sources were read; ask again",
+                409,
+                BUSY_RETRY_AFTER_S,
+            )
+    report.sources = cuts
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+async def _relations_as_of(
+    manager: Manager, name: str, handle: ViewHandle, watermark: int
+) -> tuple[dict[tuple[str, str], ZSet], list[SourceCut]]:
+    """Every relation of the view in the state the view claims to reflect as of
+    ``watermark``: its wrapper's snapshot, minus the logged updates after the view's cut."""
+    plan, bases = handle.plan, dict(handle.bases or {})
     units = [u for u in await manager.db("units", name) if u.order <= watermark]
     ids = [i for u in units for i in u.log_ids]
     entries = {e.id: e for e in await manager.db("log_entries", None, 0, ids)} if ids else {}
@@ -302,29 +325,63 @@ async def _verify(manager: Manager, name: str, max_differences: int) -> Report:
         state, used = roll_back(snapshot, later, delta_of)
         contents[(r.source, r.table)] = state
         cuts.append(SourceCut(r.source, r.table, since, answer.watermark, used, sum(w for _, w in state.items())))
+    return contents, cuts
 
-    notes: list[str] = []
-    spark = getattr(manager.store, "spark", None)
-    if spark is not None:
-        expected = await asyncio.to_thread(spark_recompute, spark, plan, contents, notes)
-        engine = "spark"
-    else:
-        columns = {(r.source, r.table): r.columns for r in plan.relations}
-        expected = recompute(plan, contents, columns)
-        engine = "python"
+
+def _request(
+    plan: ViewPlan,
+    contents: Mapping[tuple[str, str], ZSet],
+    record: dict[str, Any],
+    watermark: int,
+    max_differences: int,
+) -> VerifyRequest:
+    """What the query process needs to recompute and compare: each relation (once, however
+    often the view joins it) as a temporary view, and the view's SELECT over them."""
+    names = {
+        key: f"verify_relation_{i}" for i, key in enumerate(dict.fromkeys((r.source, r.table) for r in plan.relations))
+    }
+    columns = {(r.source, r.table): r.columns for r in plan.relations}
+    relations = [
+        VerifyRelation(
+            name=name,
+            label=f"{source}.{table}",
+            columns=list(columns[(source, table)]),
+            rows=[[*row, weight] for row, weight in contents[(source, table)].items()],
+        )
+        for (source, table), name in names.items()
+    ]
+    return VerifyRequest(
+        record=record,
+        as_of=watermark,
+        sql=spark_select(plan, names),
+        relations=relations,
+        max_differences=max_differences,
+    )
+
+
+def _compare_here(
+    manager: Manager,
+    name: str,
+    plan: ViewPlan,
+    contents: Mapping[tuple[str, str], ZSet],
+    watermark: int,
+    max_differences: int,
+) -> Report:
+    """The recomputation and the comparison in this process, for a store held in it (the
+    in-memory store: its read copies from memory, no Spark job, no lock held for long)."""
+    stored = manager.read(name, watermark)
+    columns = {(r.source, r.table): r.columns for r in plan.relations}
+    expected = recompute(plan, contents, columns)
     missing, extra, missing_total, extra_total = differences(expected, stored, max_differences)
     return Report(
         view=name,
         columns=list(plan.output_names),
         watermark=watermark,
-        engine=engine,
+        engine="python",
         expected_rows=sum(w for _, w in expected.items()),
         stored_rows=sum(max(w, 0) for _, w in stored.items()),
         missing=missing,
         extra=extra,
         missing_total=missing_total,
         extra_total=extra_total,
-        sources=cuts,
-        seconds=time.perf_counter() - started,
-        notes=notes,
     )

@@ -1,11 +1,14 @@
 """``pvm verify``: the view recomputed in Spark from snapshots of its sources, rolled back to
 the state the view reflects, equals the stored view while updates are still unmaintained;
-a corrupted store is caught with the differing rows listed and a non-zero exit."""
+a corrupted store is caught with the differing rows listed and a non-zero exit. The
+recomputation and the comparison run in the analysts' query process, which reads the stored
+view from the store's files: commits and publishes of the view go on meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import uuid
 
 import pytest
@@ -17,7 +20,8 @@ from contract.zset import ZSet
 from pvm.cli import main
 from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from tests.sim import SimSource
-from tests.spark.analyst_support import TABLES, change, join_sql, sim_manager
+from tests.spark.analyst_support import TABLES, change, join_sql, settle, sim_manager
+from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.manager import Manager
 from warehouse.store.memory import MemoryStore
 from warehouse.store.spark import SparkStore
@@ -26,14 +30,18 @@ from warehouse.verify import Report, differences, reflected_seqs, verify_view
 pytestmark = pytest.mark.spark
 
 
-async def _served(tmp_path, store, seed: int = 3):
-    """A manager over in-process sources, started by its HTTP server as ``pvm serve`` does."""
+async def _served(tmp_path, store, analysts: AnalystProcess, seed: int = 3):
+    """A manager over in-process sources, started by its HTTP server as ``pvm serve`` does,
+    with the analysts' query process (``store`` must be subscribed to it)."""
     rng = random.Random(seed)
     sources = {name: SimSource(name, tables, random.Random(rng.random())) for name, tables in TABLES.items()}
     sources["s1"].load("r", [(i, rng.randrange(4)) for i in range(1, 13)])
     sources["s2"].load("s", [(b, rng.randrange(3)) for b in range(4) for _ in range(2)])
     manager = Manager(
-        f"sqlite:///{tmp_path / f'catalog-{uuid.uuid4().hex[:8]}.db'}", store, connect=lambda n, u: sources[n]
+        f"sqlite:///{tmp_path / f'catalog-{uuid.uuid4().hex[:8]}.db'}",
+        store,
+        connect=lambda n, u: sources[n],
+        analysts=analysts,
     )
     sock = listen("127.0.0.1", 0)
     server = uvicorn_server(create_app(manager))
@@ -51,9 +59,10 @@ async def _pvm(capsys, *argv: str) -> tuple[int, str]:
 
 
 async def test_pvm_verify_passes_then_catches_corruption(
-    spark: SparkSession, spark_store: SparkStore, tmp_path, view: str, capsys
+    spark: SparkSession, analyst_store: SparkStore, analysts: AnalystProcess, tmp_path, view: str, capsys
 ) -> None:
-    manager, sources, url, server, serving = await _served(tmp_path, spark_store)
+    spark_store = analyst_store
+    manager, sources, url, server, serving = await _served(tmp_path, spark_store, analysts)
     try:
         _, token = await issue(manager, "analyst")
         await manager.define_view(join_sql(view), name=view, parallelism=3)
@@ -98,6 +107,66 @@ async def test_pvm_verify_passes_then_catches_corruption(
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_commits_and_publishes_go_on_while_a_verification_reads_the_stored_view(
+    analyst_store: SparkStore, analysts: AnalystProcess, tmp_path, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored side of a verification is held up for as long as the test likes, wherever
+    it is read: a read through the store (under the view's lock, as commits and publishes
+    take it) or the query process's work. A new unit of the view is committed and published
+    meanwhile, and the verification, once it goes on, still finds the view right as of its W."""
+    manager, sources = await sim_manager(tmp_path, analyst_store, seed=5, analysts=analysts)
+    reading, release = threading.Event(), threading.Event()
+    readers: list[str] = []
+    try:
+        await manager.define_view(join_sql(view), name=view, parallelism=2)
+        rng = random.Random(5)
+        for _ in range(6):
+            change(sources[rng.choice(["s1", "s2"])], rng)
+        for s in sources.values():
+            await s.ship()
+        await settle(manager, analyst_store, view)
+
+        read = analyst_store.read
+
+        def read_under_the_lock(name: str, as_of: int | None = None) -> ZSet:
+            with analyst_store._hold(name):
+                readers.append("the store")
+                reading.set()
+                release.wait(60)
+            return read(name, as_of)
+
+        engine_part = getattr(analysts, "verify", None)
+
+        async def held_in_the_query_process(request, who):
+            readers.append("the query process")
+            reading.set()
+            await asyncio.to_thread(release.wait, 60)
+            return await engine_part(request, who)
+
+        monkeypatch.setattr(analyst_store, "read", read_under_the_lock)
+        monkeypatch.setattr(analysts, "verify", held_in_the_query_process, raising=False)
+        checking = asyncio.create_task(verify_view(manager, view))
+        try:
+            assert await asyncio.to_thread(reading.wait, 60), "the verification never read the stored view"
+            watermark, published = manager.watermark(view), analyst_store.published(view)
+            change(sources["s1"], rng)
+            await sources["s1"].ship()
+            await asyncio.wait_for(manager.wait_idle(view), 30)  # committed, not held up
+            assert manager.watermark(view) > watermark
+            deadline = asyncio.get_running_loop().time() + 30
+            while analyst_store.published(view) == published:  # published, not held up
+                assert asyncio.get_running_loop().time() < deadline, "the new watermark was not published"
+                await asyncio.sleep(0.05)
+        finally:
+            release.set()
+        report = await checking
+        assert readers == ["the query process"]
+        assert report.equal and report.engine == "spark" and report.watermark == watermark, report.to_dict()
+    finally:
+        release.set()
+        await manager.stop()
 
 
 async def test_verify_without_spark_recomputes_in_python(tmp_path) -> None:

@@ -1,5 +1,6 @@
 """The engine of the analysts' query process: a Spark application of its own that answers
-analysts' SQL and row pages over the views, as the manager's store records them.
+analysts' SQL and row pages over the views, as the manager's store records them, and
+recomputes and compares views for verifications.
 
 ``api/analysts_worker.py`` serves it over HTTP on a Unix socket; ``supervisor.py`` starts,
 watches and restarts that process. Queries run on a pool of ``concurrency`` threads, never
@@ -33,6 +34,8 @@ from warehouse.analysts.messages import (
     QueryResult,
     RowsRequest,
     RowsResult,
+    VerifyRequest,
+    VerifyResult,
 )
 
 log = logging.getLogger("pvm.analysts")
@@ -194,6 +197,14 @@ class Engine:
             )
 
         return self._tagged(request.tag, work)
+
+    def verify(self, request: VerifyRequest) -> VerifyResult:
+        """Recompute a view from the relations the manager brought to its watermark and
+        compare it with the stored view as of W, read from the files of the request's record
+        (``warehouse/analysts/verification.py``)."""
+        from warehouse.analysts.verification import compare
+
+        return self._tagged(request.tag, lambda: compare(self.spark, request))
 
     def zombie_tasks(self) -> int:
         """Tasks still running that belong to no active stage: tasks of cancelled jobs that

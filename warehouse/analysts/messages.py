@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from contract.schemas import AnyValue
+
 
 class Published(BaseModel):
     """Store records to show: a view's record (``ViewMeta.to_record()``) or None when the
@@ -46,6 +48,39 @@ class RowsResult(BaseModel):
     rows: list[list[Any]]
     total: int = Field(description="rows in the view (a row of weight n counts n times)")
     truncated: bool = Field(default=False, description="the page was cut at max_bytes")
+
+
+class VerifyRelation(BaseModel):
+    """One relation of a view in the state the view claims to reflect (``warehouse/verify.py``
+    brings it there), as a temporary view of the recomputation."""
+
+    name: str = Field(description="the temporary view the view's SELECT reads it as")
+    label: str = Field(description="source.table, for notes")
+    columns: list[str]
+    rows: list[list[AnyValue]] = Field(description="the row's values, then its weight")
+
+
+class VerifyRequest(BaseModel):
+    """Recompute a view from its relations and compare it with the view as of ``as_of``,
+    read from the files ``record`` names: the query process does both, so the stored view
+    is never read under the store's lock, nor whole into the manager."""
+
+    record: dict[str, Any]
+    as_of: int = Field(ge=0, description="the view's watermark W the relations were brought to")
+    sql: str = Field(description="the view's SELECT over the relations' temporary views, in Spark SQL")
+    relations: list[VerifyRelation]
+    max_differences: int = Field(ge=0, description="rows listed at most, per kind")
+    tag: str = ""
+
+
+class VerifyResult(BaseModel):
+    expected_rows: int = Field(description="rows of the recomputation (with multiplicities)")
+    stored_rows: int = Field(description="positive rows of the stored view as of W (with multiplicities)")
+    missing: list[tuple[list[AnyValue], int]] = Field(description="in the recomputation, not (as often) stored")
+    extra: list[tuple[list[AnyValue], int]] = Field(description="stored, not (as often) in the recomputation")
+    missing_total: int
+    extra_total: int
+    notes: list[str] = Field(default_factory=list)
 
 
 class Cancel(BaseModel):

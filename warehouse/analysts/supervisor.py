@@ -11,7 +11,8 @@ restart it, and hand it analysts' work within limits.
   sender thread posts what changed, in order, coalescing bursts. After a restart the whole
   set goes again.
 * **Limits.** At most ``concurrency`` queries at once, ``per_principal`` per token; more is
-  refused at once (``AnalystsBusy``, 429), never queued without bound.
+  refused at once (``AnalystsBusy``, 429), never queued without bound. A verification's
+  recomputation and comparison (``verify``) count as a query.
 * **Timeouts that end the work.** A query past ``timeout_s`` is answered as timed out; its
   Spark jobs are cancelled with their tasks interrupted; if it still runs ``grace_s`` later
   (a plan that blows up on the driver has no job to cancel), the process is ended and
@@ -45,7 +46,16 @@ from typing import Any, TypeVar
 import httpx
 
 from warehouse.analysts.engine import CONNECT_TOKEN_ENV
-from warehouse.analysts.messages import Published, QueryRequest, QueryResult, RowsRequest, RowsResult, WorkerHealth
+from warehouse.analysts.messages import (
+    Published,
+    QueryRequest,
+    QueryResult,
+    RowsRequest,
+    RowsResult,
+    VerifyRequest,
+    VerifyResult,
+    WorkerHealth,
+)
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +434,17 @@ class AnalystProcess:
             )
             return RowsResult.model_validate(await self._call("/rows", request.model_dump_json(), tag))
 
-    async def _call(self, path: str, body: str, tag: str) -> Any:
+    async def verify(self, request: VerifyRequest, who: str) -> VerifyResult:
+        """Recompute a view from the relations in ``request`` and compare it with the view as
+        of W, read from the files of the request's record (a verification's engine part,
+        ``warehouse/verify.py``). It counts against the limits as a query of ``who`` does."""
+        with self.admit(who):
+            tag = f"pvm-verify-{uuid.uuid4().hex}"
+            # the relations may be large: encoded off the event loop
+            body = await asyncio.to_thread(request.model_copy(update={"tag": tag}).model_dump_json)
+            return VerifyResult.model_validate(await self._call("/verify", body, tag, "the verification"))
+
+    async def _call(self, path: str, body: str, tag: str, what: str = "the query") -> Any:
         if not self.ready:
             raise AnalystsUnavailable("the analysts' query process is starting; try again shortly")
         transport = httpx.AsyncHTTPTransport(uds=str(self.socket))
@@ -437,7 +457,7 @@ class AnalystProcess:
             except TimeoutError:
                 self._stop_later(tag)
                 raise QueryTimedOut(
-                    f"the query ran longer than {self.settings.timeout_s:.0f} s and was cancelled"
+                    f"{what} ran longer than {self.settings.timeout_s:.0f} s and was cancelled"
                 ) from None
             except httpx.HTTPError:
                 self.restart("its socket stopped answering in the middle of a request")
@@ -445,7 +465,7 @@ class AnalystProcess:
                     "the analysts' query process ended while answering and is being restarted; try again shortly"
                 ) from None
         if response.status_code == 400:
-            raise QueryRefused(f"the query failed: {_detail(response)}")
+            raise QueryRefused(f"{what} failed: {_detail(response)}")
         if response.status_code != 200:
             raise AnalystsUnavailable(f"the analysts' query process failed: {_detail(response)}")
         return response.json()
