@@ -12,7 +12,7 @@ the run has two phases of ``--seconds`` each, side by side:
 
    * ``heavy_queries``: analyst SQL that blows up (a string of 2^31 characters, a chain of
      twelve CTEs that doubles the plan at every step, a five-way self cross join) over REST
-     with an analyst token, two or three at a time, more than one token may run;
+     three at a time with two analyst tokens (one token may run two queries at once);
    * ``bad_tokens``: requests without a valid token at a high rate (random secrets for an
      existing token id, unknown ids, malformed tokens, none);
    * ``row_pages``: the largest row pages (``GET /v1/views/V/rows?limit=10000``) with another
@@ -70,6 +70,7 @@ HEAVY_QUERIES = {
     "cross_join": f"SELECT count(*) FROM {', '.join(f'{VIEW} {alias}' for alias in 'abcde')}",
 }
 PHASES = ("quiet", "attack")
+BAD_TOKEN_THREADS = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -225,6 +226,7 @@ class Tally:
         self.server_errors: list[dict] = []  # the first few 5xx answers, as received
         self.seconds: list[float] = []
         self.unexpected_5xx = 0  # 5xx other than the analysts' query process (re)starting
+        self.examples: dict[str, dict[str, str]] = {}  # kind -> status -> the first answer's body
 
     def record(self, kind: str, started: float, response=None, error: BaseException | None = None) -> None:
         with self.lock:
@@ -234,6 +236,7 @@ class Tally:
                 self.errors[f"{kind}: {type(error).__name__}"] += 1
                 return
             self.statuses.setdefault(kind, Counter())[str(response.status_code)] += 1
+            self.examples.setdefault(kind, {}).setdefault(str(response.status_code), response.text[:300])
             if response.status_code >= 500 and not restarting_analysts(response):
                 self.unexpected_5xx += 1
             if response.status_code >= 500 and len(self.server_errors) < 20:
@@ -276,6 +279,7 @@ class Tally:
             "latency_p50_s": round(quantile(seconds, 0.5), 4),
             "latency_max_s": round(seconds[-1], 3) if seconds else None,
             "server_errors": self.server_errors,
+            "examples": self.examples,
         }
 
 
@@ -296,7 +300,9 @@ def attack(kind: str, url: str, credentials: dict, begin: float, until: float, s
             return time.time() < until and next(budget, None) is not None
 
     rng = random.Random(f"{kind}-{until}")
-    workers = {"heavy_queries": 3, "row_pages": 2, "bad_tokens": 1, "bad_updates": 1}[kind]
+    # several threads for bad tokens: one waits for each answer, and a loaded manager answers
+    # a refusal in tens of milliseconds, far below the rate asked for
+    workers = {"heavy_queries": 3, "row_pages": 2, "bad_tokens": BAD_TOKEN_THREADS, "bad_updates": 1}[kind]
     step = ATTACK_STEPS[kind]
 
     def worker(n: int) -> None:
@@ -345,7 +351,7 @@ def _bad_token(client, tally: Tally, credentials, settings, rng, i: int) -> None
         tally.send(client, name, "GET", f"/v1/views/{VIEW}", headers=headers)
     else:
         tally.send(client, name, "POST", "/v1/query", json={"sql": f"SELECT * FROM {VIEW}"}, headers=headers)
-    pause = began + 1 / settings["bad_token_rate"] - time.monotonic()
+    pause = began + BAD_TOKEN_THREADS / settings["bad_token_rate"] - time.monotonic()
     if pause > 0:
         time.sleep(pause)
 
@@ -786,7 +792,7 @@ def report(figures: dict) -> None:
 
     row("lag p50 / p99 / max (s)", lambda p: f"{p['lag_p50_s']} / {p['lag_p99_s']} / {p['lag_max_s']}")
     row("W progress (units/s)", lambda p: f"{p['w_per_s']}")
-    row("updates received (/s)", lambda p: f"{p['updates_received_per_s']}")
+    row("updates received (/s; captured batches)", lambda p: f"{p['updates_received_per_s']}")
     row("GET /v1/views/V p50 / max (s)", lambda p: f"{p['status_probe_p50_s']} / {p['status_probe_max_s']}")
     for name, label in (
         ("manager_rss", "manager RSS"),
