@@ -269,6 +269,7 @@ class Tally:
         return {
             "sent": sum(self.sent.values()),
             "seconds": round(elapsed, 2),
+            "cpu_s": round(time.process_time(), 2),  # the attacker's own: cores it took from the machine
             "by_kind": {
                 kind: {"sent": n, "statuses": dict(self.statuses.get(kind, {}))} for kind, n in self.sent.items()
             },
@@ -816,7 +817,7 @@ def report(figures: dict) -> None:
         f"its JVM {r['manager_jvm_rss_growth_during_attack_pct']}%, analysts {r['analysts_rss_growth_during_attack_pct']}%"
     )
     attacks = Table(title="attacks (attack phase)")
-    for column in ("attack", "sent", "statuses", "5xx (unexpected)", "no answer"):
+    for column in ("attack", "sent", "statuses", "5xx (unexpected)", "no answer", "its CPU (s)"):
         attacks.add_column(column)
     for kind, f in figures["attacks"].items():
         attacks.add_row(
@@ -825,6 +826,7 @@ def report(figures: dict) -> None:
             ", ".join(f"{code}: {n}" for code, n in f["statuses"].items()),
             f"{f['status_5xx']} ({f['status_5xx_unexpected']})",
             ", ".join(f"{k}: {n}" for k, n in f.get("no_answer", {}).items()) or "0",
+            str(f.get("cpu_s")),
         )
     console.print(attacks)
     for kind, f in figures["attacks"].items():
