@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
     ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),
+    "abuse": (
+        "pvm.bench.abuse",
+        "view lag, W progress and memory of a deployment quiet, then under attack through its API",
+    ),
 }
 
 

@@ -30,15 +30,16 @@ import multiprocessing
 import os
 import queue
 import random
-import sqlite3
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pvm.bench.spark_deployment import populate_sources, running_analysts, write_transactions
+from pvm.bench.spark_deployment import quantile as _quantile
 from pvm.cli import CliError
-from pvm.demo import SCHEMAS, empty_sources
+from pvm.demo import SCHEMAS
 
 VIEW = "fresh_orders"
 VIEW_SQL = (
@@ -143,55 +144,6 @@ def measure(args: argparse.Namespace, data_dir: Path) -> dict:
     return figures
 
 
-# -- the writer process --------------------------------------------------------------------------------
-def write_transactions(paths: dict[str, str], rows: int, rate: float, seconds: float, seed: int, markers) -> None:
-    """Commit ``rate`` transactions a second for ``seconds`` into the three sources, each on
-    its own schedule slot; put every marker on ``markers`` as ``(kind, key, commit time)``,
-    then ``("done", figures, None)``. Runs in a process of its own."""
-    rng = random.Random(seed)
-    connections = {s: sqlite3.connect(p, timeout=30) for s, p in paths.items()}
-    total = int(rate * seconds)
-    next_order = rows
-    late = 0.0
-    started = time.monotonic()
-    try:
-        for i in range(total):
-            target = started + i / rate
-            delay = target - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                late = max(late, -delay)
-            source = ("shop", "crm", "inventory")[i % 3]
-            db = connections[source]
-            if source == "shop":
-                next_order += 1
-                with db:
-                    db.execute(
-                        "INSERT INTO orders VALUES (?, ?, ?, ?)",
-                        (next_order, rng.randint(1, rows), rng.randint(1, rows), rng.randint(1, 5)),
-                    )
-                markers.put(("order", next_order, time.time()))
-            else:
-                key = rng.randint(1, rows)
-                name = f"{source[0]}{key}-t{i}"
-                table = SCHEMAS[source][0]
-                with db:
-                    db.execute(f"UPDATE {table} SET name = ? WHERE id = ?", (name, key))  # fixed names
-                markers.put(("name", (name, (source, key)), time.time()))
-    finally:
-        elapsed = time.monotonic() - started
-        for db in connections.values():
-            db.close()
-    markers.put(
-        (
-            "done",
-            {"transactions": total, "seconds": elapsed, "rate": total / elapsed, "max_behind_schedule_s": late},
-            None,
-        )
-    )
-
-
 # -- freshness ---------------------------------------------------------------------------------------
 @dataclass
 class Marker:
@@ -276,17 +228,12 @@ class Freshness:
             del self.store.publish, self.store.commit
 
     async def _run(self, paths: dict[str, Path], compactor) -> dict:
-        from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings
+        from warehouse.analysts.supervisor import AnalystSettings
 
         # SQL readers query the views in the analysts' query process, as in the service
-        self.analysts = AnalystProcess(AnalystSettings(work_dir=self.data_dir / "analysts", master="local[1]"))
-        self.store.subscribe(self.analysts.publish)
-        self.analysts.start()
-        try:
+        settings = AnalystSettings(work_dir=self.data_dir / "analysts", master="local[1]")
+        async with running_analysts(self.store, settings) as self.analysts:
             return await self._run_deployment(paths, compactor)
-        finally:
-            self.store.unsubscribe(self.analysts.publish)
-            await asyncio.to_thread(self.analysts.stop)
 
     async def _run_deployment(self, paths: dict[str, Path], compactor) -> dict:
         from pvm.local_deployment import LocalDeployment
@@ -355,20 +302,7 @@ class Freshness:
 
     # -- the sources and the writer ----------------------------------------------------------------
     def _create_sources(self) -> dict[str, Path]:
-        n, rng = self.args.rows, self.rng
-        paths = empty_sources(self.data_dir, prefix="fresh-")
-        with sqlite3.connect(paths["crm"]) as db:
-            db.executemany(
-                "INSERT INTO customers VALUES (?, ?, ?)", [(i, f"c{i}", rng.choice("NSEW")) for i in range(1, n + 1)]
-            )
-        with sqlite3.connect(paths["inventory"]) as db:
-            db.executemany(
-                "INSERT INTO products VALUES (?, ?, ?)",
-                [(i, f"p{i}", round(rng.uniform(1, 100), 2)) for i in range(1, n + 1)],
-            )
-        with sqlite3.connect(paths["shop"]) as db:  # every customer and product has an order
-            db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)", [(i, i, n + 1 - i, 1) for i in range(1, n + 1)])
-        return paths
+        return populate_sources(self.data_dir, self.args.rows, self.rng, prefix="fresh-")
 
     def _write(self, paths: dict[str, Path]) -> dict:
         """Commit transactions on a fixed schedule in a writer process of its own (a thread
@@ -516,12 +450,6 @@ class Freshness:
                 "watermark": status["watermark"],
             },
         }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def report(figures: dict) -> None:
