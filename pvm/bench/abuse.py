@@ -263,7 +263,7 @@ class Tally:
 
     def figures(self, elapsed: float) -> dict:
         seconds = sorted(self.seconds)
-        total = Counter()
+        total: Counter[str] = Counter()
         for counts in self.statuses.values():
             total.update(counts)
         return {
@@ -416,7 +416,7 @@ def _bad_update(client, tally: Tally, credentials, settings, rng, i: int) -> Non
         )
         began = time.monotonic()
         try:
-            answer = send_raw(url.host, url.port, head, body, timeout=10)
+            answer = send_raw(url.host, url.port or 80, head, body, timeout=10)
         except OSError as exc:
             tally.record(name, began, error=exc)
         else:
@@ -615,6 +615,7 @@ class AbuseRun:
         async with httpx.AsyncClient(base_url=deployment.url, headers=deployment.headers(), timeout=60) as http:
             while time.time() < end_at:
                 asked = time.time()
+                status: int | str
                 try:
                     answer = await http.get(f"/v1/views/{VIEW}")
                     status = answer.status_code
