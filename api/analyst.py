@@ -751,7 +751,49 @@ def _check_column(column: exp.Column) -> None:
         )
 
 
+MAX_BUILT_CHARS = 1 << 20
+"""The longest text a pad or a format width may build: one value of ``lpad(x, 2147483647)``
+fills a JVM's heap, ends the query process for every analyst and takes 20 s to recover."""
+_FORMAT_WIDTH = re.compile(r"%[-#+ 0,(<]*(\d*)(?:\.(\d+))?")
+
+
+def _check_built_size(node: exp.Func) -> None:
+    """Refuse text built to a size no answer could carry: a pad's length and a format's widths
+    must be integer literals of at most ``MAX_BUILT_CHARS`` (a computed one could be anything).
+
+    >>> import sqlglot
+    >>> _check_built_size(sqlglot.parse_one("lpad(name, 12, '0')", dialect="spark"))
+    >>> _check_built_size(sqlglot.parse_one("lpad(name, 2147483647, 'y')", dialect="spark"))
+    Traceback (most recent call last):
+    ...
+    api.analyst.QueryRejected: LPAD builds text of 2147483647 characters; at most 1048576
+    >>> _check_built_size(sqlglot.parse_one("format_string('%2000000000d', 1)", dialect="spark"))
+    Traceback (most recent call last):
+    ...
+    api.analyst.QueryRejected: FORMAT_STRING builds text of 2000000000 characters; at most 1048576
+    """
+    if isinstance(node, exp.Pad):
+        sizes, what = [node.args.get("expression")], "the length of LPAD and RPAD"
+    elif isinstance(node, exp.Format) or (
+        isinstance(node, exp.Anonymous) and node.name.lower() in ("printf", "format_string")
+    ):
+        pattern = node.this if isinstance(node, exp.Format) else (node.expressions or [None])[0]
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise QueryRejected("the format of FORMAT_STRING and PRINTF must be a string literal")
+        widths = [int(n) for m in _FORMAT_WIDTH.finditer(pattern.this) for n in m.groups() if n]
+        sizes, what = [exp.Literal.number(w) for w in widths], "a format's widths"
+    else:
+        return
+    for size in sizes:
+        if not (isinstance(size, exp.Literal) and size.is_int):
+            raise QueryRejected(f"{what} must be an integer literal")
+        if int(size.this) > MAX_BUILT_CHARS:
+            name = "LPAD" if node.args.get("is_left") else "RPAD" if isinstance(node, exp.Pad) else "FORMAT_STRING"
+            raise QueryRejected(f"{name} builds text of {int(size.this)} characters; at most {MAX_BUILT_CHARS}")
+
+
 def _check_function(node: exp.Func) -> None:
+    _check_built_size(node)
     if isinstance(node, exp.Anonymous):
         name = node.name if isinstance(node.this, str) else node.this.sql()
     else:

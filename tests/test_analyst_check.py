@@ -19,6 +19,7 @@ from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX
 VIEWS = ["order_details", "customers_v"]
 
 ACCEPTED = [
+    "SELECT lpad(customer, 12, '.'), rpad(region, 8), format_string('%08d|%-10s', qty, customer) FROM order_details",
     "SELECT region, count(*) AS n FROM order_details WHERE qty > 1 GROUP BY region ORDER BY n DESC",
     "WITH big AS (SELECT * FROM order_details WHERE qty > 3) SELECT customer, sum(qty) FROM big GROUP BY customer",
     "SELECT customer FROM order_details UNION ALL SELECT name FROM customers_v",
@@ -69,6 +70,12 @@ REJECTED = [
     ("SELECT input_file_name() FROM order_details", "function input_file_name"),
     ("SELECT current_user()", "function CURRENT_USER"),
     ("SELECT sequence(1, 1000000000)", "function SEQUENCE"),
+    # text of any size fills the query process's heap and ends it for every analyst
+    ("SELECT length(lpad(customer, 2147483647, 'y')) FROM order_details", "LPAD builds text of 2147483647"),
+    ("SELECT rpad(customer, 1048577) FROM order_details", "RPAD builds text of 1048577"),
+    ("SELECT lpad(customer, CAST('2147483647' AS INT)) FROM order_details", "must be an integer literal"),
+    ("SELECT format_string('%2000000000d', 1) FROM order_details", "FORMAT_STRING builds text"),
+    ("SELECT printf(customer, 1) FROM order_details", "must be a string literal"),
     ("SELECT TRANSFORM(customer) USING 'cat' FROM order_details", "TRANSFORM"),
     ("SELECT /*+ REPARTITION(1000) */ * FROM order_details", "hints"),
     ("SELECT customer INTO t FROM order_details", "INTO"),

@@ -175,3 +175,33 @@ def test_relations_reach_the_query_process_with_their_values_and_weights() -> No
         expected_rows=1, stored_rows=0, missing=[([NAN], 1)], extra=[], missing_total=1, extra_total=0
     )
     assert VerifyResult.model_validate_json(result.model_dump_json()).missing[0][0][0] is NAN
+
+
+async def test_a_token_whose_work_keeps_ending_the_process_is_suspended(tmp_path) -> None:
+    """One statement can end the query process (exhaust its heap) however well it is checked,
+    and a restart takes 20 s or so: sent again at every restart it would keep every analyst
+    out. The tokens with work running at each death get a strike; from the second on they
+    are refused for a while (429 with Retry-After), and the others go on."""
+    from types import SimpleNamespace
+
+    from warehouse.analysts.supervisor import AnalystsUnavailable, AnalystSuspended
+
+    process = AnalystProcess(AnalystSettings(work_dir=tmp_path, concurrency=4, per_principal=2))
+    process._ready.set()
+    for pid in (101, 102):  # two processes die under mallory's query (no socket: it breaks off)
+        process._process = SimpleNamespace(pid=pid)  # type: ignore[assignment]
+        with pytest.raises(AnalystsUnavailable, match="ended while answering"):
+            await process.query("SELECT 1", 10, "mallory")
+        if pid == 101:  # the same death seen again (by the watcher): no second strike
+            process._admitted["mallory"] = 1
+            process._strike_running()
+            del process._admitted["mallory"]
+            assert process.suspensions.strikes("mallory") == 1
+        process._ready.set()
+    with pytest.raises(AnalystSuspended, match="refused for") as refused:
+        await process.query("SELECT 1", 10, "mallory")
+    assert refused.value.status == 429 and 25 <= refused.value.retry_after <= 30
+    assert process.suspensions.strikes("mallory") == 2
+    with pytest.raises(AnalystsUnavailable):  # anyone else is still let in
+        await process.query("SELECT 1", 10, "alice")
+    process._checks.shutdown()

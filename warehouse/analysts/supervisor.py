@@ -13,6 +13,12 @@ restart it, and hand it analysts' work within limits.
 * **Limits.** At most ``concurrency`` queries at once, ``per_principal`` per token; more is
   refused at once (``AnalystsBusy``, 429), never queued without bound. A verification's
   recomputation and comparison (``verify``) count as a query.
+* **Suspension.** A statement can end the process (exhaust its heap, say) however well it is
+  checked, and restarting takes 20 s or so; repeated, that would keep every analyst out. So
+  the tokens with work in the process when it dies get a strike (``Suspensions``); from the
+  second strike on a token is refused (429 with ``Retry-After``) for 30 s, doubling with each
+  strike up to an hour. Strikes are forgotten after an hour without one. An analyst whose
+  query merely ran beside the culprit's gets one strike, and no refusal.
 * **Timeouts that end the work.** A query past ``timeout_s`` is answered as timed out; its
   Spark jobs are cancelled with their tasks interrupted; if it still runs ``grace_s`` later
   (a plan that blows up on the driver has no job to cancel), the process is ended and
@@ -36,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,6 +92,72 @@ class AnalystsBusy(AnalystError):
 
     status = 429
     retry_after = 1.0
+
+
+class AnalystSuspended(AnalystsBusy):
+    """A token whose work was running each time the query process died, lately."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+SUSPEND_FIRST_S = 30.0
+SUSPEND_MAX_S = 3600.0
+
+
+@dataclass
+class Suspension:
+    strikes: int
+    until: float  # monotonic; refused before it
+    last: float  # when the latest strike was given
+
+
+class Suspensions:
+    """Strikes against the tokens whose work was running when the query process died.
+
+    >>> s = Suspensions()
+    >>> s.strike(["mallory", "alice"], now=0.0)   # first strike: remembered, not refused
+    >>> s.refused_for("alice", now=1.0), s.refused_for("mallory", now=1.0)
+    (0.0, 0.0)
+    >>> s.strike(["mallory"], now=100.0)          # again: 30 s, then 60 s, … up to an hour
+    >>> s.refused_for("mallory", now=110.0)
+    20.0
+    >>> s.strike(["mallory"], now=200.0); s.refused_for("mallory", now=200.0)
+    60.0
+    >>> s.strike(["alice"], now=4000.0)  # strikes over an hour old are forgotten: a first one again
+    >>> s.refused_for("alice", now=4000.0), len(s)
+    (0.0, 1)
+    """
+
+    def __init__(self) -> None:
+        self._by_token: dict[str, Suspension] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_token)
+
+    def strike(self, tokens: Collection[str], now: float) -> None:
+        self._forget(now)
+        for token in tokens:
+            prior = self._by_token.get(token)
+            strikes = 1 if prior is None else prior.strikes + 1
+            seconds = 0.0 if strikes == 1 else min(SUSPEND_FIRST_S * 2 ** (strikes - 2), SUSPEND_MAX_S)
+            self._by_token[token] = Suspension(strikes, now + seconds, now)
+
+    def refused_for(self, token: str, now: float) -> float:
+        """Seconds ``token`` is still refused (0: not)."""
+        suspension = self._by_token.get(token)
+        return 0.0 if suspension is None else max(0.0, suspension.until - now)
+
+    def strikes(self, token: str) -> int:
+        suspension = self._by_token.get(token)
+        return 0 if suspension is None else suspension.strikes
+
+    def _forget(self, now: float) -> None:
+        """Nothing kept per token past an hour without a strike: bounded by the tokens that
+        struck lately, not by every token ever seen."""
+        for token in [t for t, s in self._by_token.items() if now - max(s.last, s.until) > SUSPEND_MAX_S]:
+            del self._by_token[token]
 
 
 class QueryTimedOut(AnalystError):
@@ -139,6 +211,8 @@ class AnalystProcess:
         self._in_flight = False
         self._send = threading.Condition(self._lock)
         self._admitted: dict[str, int] = {}
+        self.suspensions = Suspensions()
+        self._struck_pid: int | None = None  # one strike per death, however many calls saw it
         self._threads: list[threading.Thread] = []
         self._stops: set[asyncio.Task[None]] = set()
         # Analysts' SQL is parsed and checked in the manager before it is sent: on threads of
@@ -183,6 +257,18 @@ class AnalystProcess:
         self._restart_reason = why
         self._ready.clear()  # no more work for it from now on
         self._restart.set()
+
+    def _strike_running(self) -> None:
+        """A strike for every token with work admitted now: the process died under it."""
+        process = self._process
+        with self._lock:
+            if process is None or self._struck_pid == process.pid:
+                return
+            self._struck_pid = process.pid
+            running = list(self._admitted)
+            self.suspensions.strike(running, time.monotonic())
+        if running:
+            log.warning("the analysts' query process died with work of %s running: a strike each", ", ".join(running))
 
     def status(self) -> dict[str, Any]:
         process = self._process
@@ -318,6 +404,7 @@ class AnalystProcess:
             if self._restart.wait(self.settings.health_interval_s):
                 return self._restart_reason or "restart asked"
             if process.poll() is not None:
+                self._strike_running()
                 return f"exited with code {process.returncode}"
             failures = 0 if self._health() is not None else failures + 1
             if failures >= 3:
@@ -387,6 +474,12 @@ class AnalystProcess:
     def admit(self, who: str) -> Iterator[None]:
         """Count a request of ``who`` against the limits; AnalystsBusy over them."""
         with self._lock:
+            if (wait := self.suspensions.refused_for(who, time.monotonic())) > 0:
+                raise AnalystSuspended(
+                    f"{who}'s work was running the last {self.suspensions.strikes(who)} times the analysts' query "
+                    f"process died; its queries are refused for {wait:.0f} s more",
+                    retry_after=max(1.0, wait),
+                )
             if sum(self._admitted.values()) >= self.settings.concurrency:
                 raise AnalystsBusy(
                     f"{self.settings.concurrency} analyst queries are running, the most the service runs at once; "
@@ -460,6 +553,7 @@ class AnalystProcess:
                     f"{what} ran longer than {self.settings.timeout_s:.0f} s and was cancelled"
                 ) from None
             except httpx.HTTPError:
+                self._strike_running()
                 self.restart("its socket stopped answering in the middle of a request")
                 raise AnalystsUnavailable(
                     "the analysts' query process ended while answering and is being restarted; try again shortly"
