@@ -18,7 +18,7 @@ from warehouse.manager import ManagerError
 from warehouse.receiver import ReceiveError
 from warehouse.store.memory import MemoryStore
 
-TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
+TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}}
 VIEW = "SELECT R.k, R.v, S.w FROM a.R, b.S WHERE R.k = S.k"
 
 
