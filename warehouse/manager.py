@@ -388,7 +388,15 @@ class Manager:
             self.backoff,
         )
         maintainer = ViewMaintainer(
-            info.name, plan, settings, protocol, self.store, self.clients, self.db, self._set_state
+            info.name,
+            plan,
+            settings,
+            protocol,
+            self.store,
+            self.clients,
+            self.db,
+            self._set_state,
+            store_types=self._output_types(plan),
         )
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
