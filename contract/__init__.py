@@ -4,8 +4,10 @@
   travel in them (non-finite floats tagged, bounds on sizes);
 - ``expr``: the predicate language of view definitions, its evaluation and its wire form;
 - ``zset``: Z-sets, the signed bags that deltas, answers and views all are;
-- ``column_types``: the view column types that source column types map to (a wrapper
-  quarantines a row that cannot fit them, the store declares them);
+- ``column_types``: the view column types that source column types map to (the store
+  declares them);
+- ``value_fit``: whether a wire value fits its column's declared type, the one rule by which
+  a wrapper leaves a row out of its updates and the manager refuses an update;
 - ``file_modes``: files at rest are owner-only, for every process that keeps some.
 
 It imports nothing of the project: ``warehouse`` (the manager) and ``wrappers`` (the sources'

@@ -23,7 +23,7 @@ from api.auth import issue, issue_token
 from api.manager_app import create_app
 from tests.sim import SimSource, start_sim_manager
 
-TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
+TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}}
 VIEW = "SELECT R.k, R.v, S.w FROM a.R, b.S WHERE R.k = S.k"
 
 
@@ -40,10 +40,13 @@ class ApiEnv:
 
 
 @asynccontextmanager
-async def api_env(tmp_path: Path, **app_options: Any) -> AsyncIterator[ApiEnv]:
-    """The manager (started here: an ASGI client runs no lifespan) and tokens: ``admin``,
-    ``analyst``, ``wrapper_a`` and ``wrapper_b``."""
-    manager, sources = await start_sim_manager(tmp_path / "catalog.db", TABLES)
+async def api_env(
+    tmp_path: Path, tables: dict[str, dict[str, tuple[str, ...]]] | None = None, **app_options: Any
+) -> AsyncIterator[ApiEnv]:
+    """The manager (started here: an ASGI client runs no lifespan) over sources ``a`` and
+    ``b`` (``tables``, else ``TABLES``) and tokens: ``admin``, ``analyst``, ``wrapper_a`` and
+    ``wrapper_b``."""
+    manager, sources = await start_sim_manager(tmp_path / "catalog.db", tables or TABLES)
     try:
         app = create_app(manager, **app_options)
         tokens = {
@@ -61,7 +64,7 @@ async def api_env(tmp_path: Path, **app_options: Any) -> AsyncIterator[ApiEnv]:
 
 class LiveManager:
     """A manager served by uvicorn from a thread on 127.0.0.1, over in-process sources that
-    any registered name maps to (``tables`` of each new one: one relation T(k, v)). Tokens
+    any registered name maps to (``tables`` of each new one: one relation T(k, v TEXT)). Tokens
     ``admin`` and ``analyst`` are made directly in the catalog, as ``pvm token create
     --data-dir`` does. The views are kept in memory unless ``store`` (with ``analysts``, its
     query process) says otherwise."""
@@ -93,7 +96,7 @@ class LiveManager:
 
     def _connect(self, name: str, url: str) -> SimSource:
         if name not in self.sources:
-            tables = self.tables.get(name, {"T": ("k", "v")})
+            tables = self.tables.get(name, {"T": ("k", "v TEXT")})
             self.sources[name] = SimSource(name, tables, random.Random(len(self.sources)))
             self.sources[name].receive = self.manager.receive
         return self.sources[name]

@@ -33,6 +33,9 @@ class Delays:
 
 @dataclass
 class SimSource:
+    """``tables``: each table's columns, declared INTEGER unless named with a type
+    (``"v TEXT"``); ``tables`` keeps the names, ``declared`` the types."""
+
     name: str
     tables: dict[str, tuple[str, ...]]
     rng: random.Random
@@ -45,6 +48,9 @@ class SimSource:
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
+        specs = {t: [(*c.split(maxsplit=1), "INTEGER")[:2] for c in cols] for t, cols in self.tables.items()}
+        self.tables = {t: tuple(name for name, _ in spec) for t, spec in specs.items()}
+        self.declared = {t: tuple(declared for _, declared in spec) for t, spec in specs.items()}
         for t in self.tables:
             self.state.setdefault(t, ZSet())
 
@@ -87,7 +93,7 @@ class SimSource:
 
     # -- the wrapper contract ------------------------------------------------------------------
     async def schema(self) -> dict[str, TableSchema]:
-        return {t: TableSchema(cols, ("INTEGER",) * len(cols), ()) for t, cols in self.tables.items()}
+        return {t: TableSchema(cols, self.declared[t], ()) for t, cols in self.tables.items()}
 
     async def set_interest(self, interest: Interest) -> int:
         async with self._lock:

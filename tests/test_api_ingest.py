@@ -1,6 +1,7 @@
 """``POST /v1/updates`` under large and wrong input: a batch of tens of megabytes is parsed
 without stopping the event loop, a seq resent with other content is refused (409), a seq too
-far ahead is refused (422) and held updates are visible, numbers outside 64 bits are 422."""
+far ahead is refused (422) and held updates are visible, numbers outside 64 bits are 422, and
+so is a value that does not fit its column's type, with nothing of its batch acknowledged."""
 
 from __future__ import annotations
 
@@ -292,6 +293,70 @@ async def test_held_updates_wait_in_the_log_and_are_released_in_order(env):
     await env.manager.wait_idle("v")
     rows = (await c.get("/v1/views/v/rows", params={"limit": 10_000}, headers=admin)).json()["rows"]
     assert rows == sorted([[k, f"r{k}", k * 10] for k in range(1, 2502) if k != 2])
+
+
+# -- values that do not fit their column --------------------------------------------------------
+TYPED = {
+    "a": {"R": ("k", "x DOUBLE PRECISION", "f BOOLEAN", "t VARCHAR(20)", "n NUMERIC(10, 2)")},
+    "b": {"S": ("k", "w")},
+}
+GOOD = {"k": 2, "x": 1.5, "f": 1, "t": "ok", "n": 1.25}
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("k", "7", "a text value in a column declared INTEGER"),
+        ("x", "1.5", "a text value in a column declared DOUBLE PRECISION"),
+        ("k", 2.5, "a real value in a column declared INTEGER"),
+        ("k", 2.0, "a real value in a column declared INTEGER"),  # the store's BIGINT would truncate it
+        ("k", True, "a boolean value in a column declared INTEGER"),
+        ("f", 2, "the integer 2 in a column declared BOOLEAN (0 or 1)"),
+        ("f", "yes", "a text value in a column declared BOOLEAN"),
+        ("t", 12, "an integer value in a column declared VARCHAR(20)"),
+    ],
+)
+async def test_a_value_that_does_not_fit_its_column_refuses_the_batch(tmp_path, column, value, says):
+    """422 naming the source, seq, relation, column and the value's kind (not the value);
+    nothing of the batch is logged or acknowledged, and the same seqs resent right are."""
+    async with api_env(tmp_path, TYPED) as env:
+        c, wrapper = env.client, env.auth("wrapper_a")
+        row = {"k": 1, "x": 0.5, "f": 0, "t": "a", "n": 2}
+        assert (await c.post("/v1/updates", json=batch(update(1, row)), headers=wrapper)).json()["through"] == 1
+        bad = {**GOOD, "k": 3, column: value}
+        r = await c.post("/v1/updates", json=batch(update(2, GOOD), update(3, bad)), headers=wrapper)
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert all(words in detail for words in ("seq 3 ", "source 'a'", "relation 'R'", f"column {column!r}", says)), (
+            detail
+        )
+        assert repr(value) not in detail.replace(says, "")  # the kind, not the value
+        assert env.manager.receiver.released_through("a") == 1
+        assert [e.seq for e in await env.manager.db("log_entries", "a", 0)] == [1]  # seq 2 neither
+        fixed = {**bad, column: GOOD[column]}
+        r = await c.post("/v1/updates", json=batch(update(2, GOOD), update(3, fixed)), headers=wrapper)
+        assert r.json() == {"through": 3, "held": []}, r.text
+
+
+async def test_values_that_fit_their_columns_are_taken(tmp_path):
+    """NULL, a non-finite float, an integer of a float column, a boolean or 0/1 of a boolean
+    one; a NUMERIC column is kept as exact JSON by the view, so it takes any value. An object
+    or array value is no wire value at all (422 from the schema)."""
+    async with api_env(tmp_path, TYPED) as env:
+        c, wrapper = env.client, env.auth("wrapper_a")
+        rows = [
+            {"k": None, "x": None, "f": None, "t": None, "n": None},
+            {"k": -(2**63) + 1, "x": {"$float": "-Infinity"}, "f": True, "t": "", "n": "1.10"},
+            {"k": 2**63 - 1, "x": 3, "f": 1, "t": "z", "n": 7},
+        ]
+        ack = await c.post(
+            "/v1/updates", json=batch(*(update(i + 1, row) for i, row in enumerate(rows))), headers=wrapper
+        )
+        assert ack.json() == {"through": 3, "held": []}, ack.text
+        for value in ({"a": 1}, [1]):
+            r = await c.post("/v1/updates", json=batch(update(4, {**GOOD, "t": value})), headers=wrapper)
+            assert r.status_code == 422, r.text
+        assert env.manager.receiver.released_through("a") == 3
 
 
 def test_source_show_names_the_missing_seq(tmp_path, capsys, monkeypatch):

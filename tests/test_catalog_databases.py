@@ -17,7 +17,7 @@ SERVERS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/{db}",
     "mariadb": "mysql+pymysql://root@127.0.0.1:3306/{db}",
 }
-TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}, "c": {"T": ("w", "x")}}
+TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}, "c": {"T": ("w", "x TEXT")}}
 
 
 @pytest.fixture(params=sorted(SERVERS))

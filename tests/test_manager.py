@@ -14,11 +14,13 @@ import pytest
 from api.metrics import view_progress
 from contract.schemas import Change, Update
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
+from warehouse.catalog.db import Catalog, NewUpdate, content_digest
 from warehouse.manager import ManagerError
 from warehouse.receiver import ReceiveError
+from warehouse.store import StoreError
 from warehouse.store.memory import MemoryStore
 
-TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
+TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}}
 VIEW = "SELECT R.k, R.v, S.w FROM a.R, b.S WHERE R.k = S.k"
 
 
@@ -424,6 +426,71 @@ async def test_restart_publishes_the_watermark_the_catalog_recorded(tmp_path):
         assert store.published("v") == manager2.watermark("v") == 1
         assert manager2.status("v")["state"] == "active"
         assert sorted(manager2.read_rows("v")) == [(1, "x", 10)]
+    finally:
+        await manager2.stop()
+
+
+class TypedStore(MemoryStore):
+    """A memory store that refuses what the Spark store's column types cannot hold (text in
+    a DOUBLE column, here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.types: dict[str, tuple[str | None, ...]] = {}
+
+    def create(self, view, columns, types=None) -> None:
+        super().create(view, columns, types)
+        self.types[view] = tuple(types or ())
+
+    def commit(self, view, effects) -> None:
+        for effect in effects:
+            for row in effect.delta.rows():
+                if any(t == "DOUBLE" and isinstance(v, str) for v, t in zip(row, self.types[view])):
+                    raise StoreError(f"values do not fit the view's column types: could not convert {row}")
+        super().commit(view, effects)
+
+
+async def test_a_logged_value_the_store_refuses_fails_the_view_saying_what_to_do(tmp_path):
+    """An update logged before the manager checked values on receipt: the view fails naming
+    the column, the update and the way out, and a resume fails the same way."""
+    tables = {"a": {"R": ("k", "v DOUBLE")}, "b": {"S": ("k", "w")}}
+    store, catalog = TypedStore(), tmp_path / "c.db"
+    manager, sources = await start_sim_manager(catalog, tables, store=store)
+    sources["a"].load("R", [(1, 0.5)])
+    sources["b"].load("S", [(1, 10), (2, 20)])
+    await manager.define_view(VIEW, "v")
+    await manager.wait_idle("v")
+    seq = manager.receiver.released_through("a") + 1
+    await manager.stop()
+    changes = [{"relation": "R", "sign": 1, "row": {"k": 2, "v": "oops"}}]
+    logged_by_an_older_manager = Catalog(f"sqlite:///{catalog}")
+    try:
+        logged_by_an_older_manager.append_updates("a", [NewUpdate(seq, changes, None, None, content_digest(changes))])
+    finally:
+        logged_by_an_older_manager.close()
+
+    manager2, _ = await start_sim_manager(catalog, tables, store=store, sources=sources)
+    try:
+        for attempt in ("after the restart", "after resume"):
+            await manager2.wait_idle("v")
+            status = manager2.status("v")
+            assert status["state"] == "failed", attempt
+            assert all(
+                words in status["error"]
+                for words in (
+                    "view 'v', column 'v'",
+                    "a text value in a column declared DOUBLE",
+                    f"update(s) seq {seq} of source 'a'",
+                    "drop and define the view again",
+                )
+            ), status["error"]
+            assert "oops" not in status["error"]
+            await manager2.resume_view("v")
+        await manager2.drop_view("v")  # the way out: the new view's initial load reads the sources
+        await manager2.define_view(VIEW, "v")
+        await manager2.wait_idle("v")
+        assert manager2.status("v")["state"] == "active"
+        assert sorted(manager2.read_rows("v")) == [(1, 0.5, 10)]
     finally:
         await manager2.stop()
 

@@ -39,7 +39,7 @@ from warehouse.sources import SourceError
 from warehouse.store.base import StoreError
 from warehouse.store.memory import MemoryStore
 
-TABLES = {"a": {"R": ("k", "v")}, "b": {"S": ("k", "w")}}
+TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}}
 VIEW = "SELECT R.k, R.v, S.w FROM a.R, b.S WHERE R.k = S.k"
 FAST = Backoff(first_s=0.01, max_s=0.05)
 

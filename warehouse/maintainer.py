@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
+from contract.value_fit import store_type_family, unfit_reason
 from contract.zset import ZSet
 from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
@@ -118,8 +119,10 @@ class ViewMaintainer:
         sources: Mapping[str, SourceClient],
         db: Callable[..., Awaitable[Any]],
         on_state: Callable[[str, str, str | None], Awaitable[None]],
+        store_types: Sequence[str | None] = (),
     ) -> None:
         self.name = name
+        self.store_types = tuple(store_types)  # the view columns' store types, to explain a refused commit
         self.plan = plan
         self.settings = settings
         self.protocol = protocol
@@ -136,6 +139,7 @@ class ViewMaintainer:
         self._published = 0  # the W readers see in the store
         self._ready: dict[int, ZSet] = {}
         self._ready_at: dict[int, float] = {}
+        self._ready_from: dict[int, tuple[tuple[str, int], ...]] = {}  # (source, seq) of each ready unit's updates
         self._committing = False  # a group is between the store write and the published W
         self._resuming = asyncio.Lock()  # the shelved queue is read back: nothing starts
         self._wake = asyncio.Event()
@@ -286,6 +290,7 @@ class ViewMaintainer:
         self.counters.units_maintained += 1
         self._ready[unit.order] = effect
         self._ready_at[unit.order] = time.perf_counter()
+        self._ready_from[unit.order] = tuple((u.source, u.seq) for u in unit.updates)
         # The next unit first: its order-number record and this effect's commit record
         # share the catalog's one thread, and a unit waiting to start holds a PPU slot idle.
         self._wake.set()
@@ -358,7 +363,13 @@ class ViewMaintainer:
         self._committing = True
         try:
             if group:
-                effects = await self._retrying("commit", lambda: self._store_group(group))
+                try:
+                    effects = await self._retrying("commit", lambda: self._store_group(group))
+                except StoreError as exc:
+                    explained = self._unstorable(group)
+                    if explained is None:
+                        raise
+                    raise StoreError(explained) from exc
                 self._committed(group, effects)
             await self._retrying("publish", self._publish)
         finally:
@@ -377,10 +388,32 @@ class ViewMaintainer:
         await self.db("commit_units", self.name, group, watermark)
         return len(effects)
 
+    def _unstorable(self, group: list[int]) -> str | None:
+        """What to tell a person when the store refused ``group`` because of a value that
+        does not fit its view column (an update logged before the manager checked values on
+        receipt): the view, the column, the updates it comes from and the way out; None if
+        no value of the group is to blame."""
+        found = unfit_value(((o, self._ready[o]) for o in group), self.store_types)
+        if found is None:
+            return None
+        order, column, reason = found
+        updates = self._ready_from.get(order, ())
+        origin = (
+            f"update(s) {_seqs(updates)}, logged before values were checked on receipt"
+            if updates
+            else "the initial load, from a wrapper that does not leave such rows out"
+        )
+        return (
+            f"view {self.name!r}, column {self.plan.output_names[column]!r}: {reason}, from {origin}; resume "
+            "fails again. Fix the row at the source or run a wrapper that leaves such rows out (docs/capture.md), "
+            "then drop and define the view again: it loads the sources as they are and maintains only later updates"
+        )
+
     def _committed(self, group: list[int], effects: int) -> None:
         now = time.perf_counter()
         for o in group:
             del self._ready[o]
+            self._ready_from.pop(o, None)
             self.counters.commit_wait.observe(now - self._ready_at.pop(o))
         self.progress_at = time.monotonic()
         self.counters.units_committed += len(group)
@@ -427,6 +460,36 @@ class ViewMaintainer:
                     await self._idle.wait()
             except TimeoutError:
                 pass
+
+
+def unfit_value(effects: Iterable[tuple[int, ZSet]], store_types: Sequence[str | None]) -> tuple[int, int, str] | None:
+    """The first value of the ``(order, effect)`` rows that its view column (of store type
+    ``store_types[i]``) cannot take: its order, column position and what is wrong with it.
+
+    >>> unfit_value([(7, ZSet({(1, 2.5): 1})), (8, ZSet({(2, "x"): 1}))], ["BIGINT", "DOUBLE"])
+    (8, 1, 'a text value in a column declared DOUBLE')
+    >>> unfit_value([(7, ZSet({(1, None): 1}))], ["BIGINT", "DOUBLE"]) is None
+    True
+    """
+    checked = [(i, family, t) for i, t in enumerate(store_types) if (family := store_type_family(t)) is not None]
+    for order, effect in effects:
+        for row in effect.rows():
+            for i, family, store_type in checked:
+                if (why := unfit_reason(family, store_type or "", row[i])) is not None:
+                    return order, i, why
+    return None
+
+
+def _seqs(updates: Sequence[tuple[str, int]]) -> str:
+    """Update numbers for a person: ``seq 4 of source 'a'``, ``seq 4-9 of source 'a'``.
+
+    >>> _seqs([("a", 4)]), _seqs([("a", 4), ("a", 9)])
+    ("seq 4 of source 'a'", "seq 4-9 of source 'a'")
+    """
+    sources = sorted({source for source, _ in updates})
+    seqs = sorted(seq for _, seq in updates)
+    span = f"seq {seqs[0]}" if seqs[0] == seqs[-1] else f"seq {seqs[0]}-{seqs[-1]}"
+    return f"{span} of source {', '.join(map(repr, sources))}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from contract import expr
 from contract.column_types import spark_type
 from contract.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
+from contract.value_fit import Family, view_family
 from contract.zset import ZSet, row_order
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
@@ -29,7 +30,7 @@ from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
-from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver
+from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
@@ -307,8 +308,8 @@ class Manager:
         rel = self.relations.get(source, {}).get(table)
         return None if rel is None else rel.columns
 
-    def _receiver_schema(self, source: str, seq: int):
-        """Columns of each relation, and those a view maintaining update ``seq`` needs."""
+    def _receiver_schema(self, source: str, seq: int) -> dict[str, RelationShape] | None:
+        """The shape of each relation, with the columns a view maintaining update ``seq`` needs."""
         if source not in self.relations:
             return None
         out = {}
@@ -317,7 +318,8 @@ class Manager:
             for handle in self.views.values():
                 if handle.bases is not None and seq > handle.bases.get(source, 0):
                     needed.update(handle.extractor.needed_columns(source, table))
-            out[table] = (rel.columns, needed)
+            columns, typed = _typed_columns(rel)
+            out[table] = RelationShape(columns, needed, typed)
         return out
 
     # -- views ------------------------------------------------------------------------------
@@ -400,7 +402,15 @@ class Manager:
             self.backoff,
         )
         maintainer = ViewMaintainer(
-            info.name, plan, settings, protocol, self._store, self.clients, self.db, self._set_state
+            info.name,
+            plan,
+            settings,
+            protocol,
+            self._store,
+            self.clients,
+            self.db,
+            self._set_state,
+            store_types=self._output_types(plan),
         )
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
@@ -649,6 +659,21 @@ async def _reported_capture(client: SourceClient, name: str) -> str | None:
     capture = data.get("capture") if isinstance(data, dict) else None
     method = capture.get("method") if isinstance(capture, dict) else None
     return method if isinstance(method, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _typed_columns(rel: RelationInfo) -> tuple[frozenset[str], tuple[tuple[str, Family, str], ...]]:
+    """A relation's columns, and ``(column, view family, declared type)`` of each column whose
+    values the view's store constrains: what the receiver holds an update's values to. A
+    relation registered without types constrains none."""
+    if len(rel.types) != len(rel.columns):
+        return frozenset(rel.columns), ()
+    typed = tuple(
+        (column, family, declared)
+        for column, declared in zip(rel.columns, rel.types)
+        if (family := view_family(declared)) is not None
+    )
+    return frozenset(rel.columns), typed
 
 
 def _identifier(name: str) -> bool:

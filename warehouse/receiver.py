@@ -4,6 +4,10 @@
   resent with other content than the logged one is refused (SeqConflict, 409), since a seq
   names one update for good.
 * Durable before acknowledged: the update is in the catalog's update log first.
+* Values that fit: a value that does not fit its column's declared type
+  (``contract.value_fit``, the rule a wrapper applies before shipping) refuses the whole
+  batch (ReceiveError, 422) before anything of it is logged, since the view's store would
+  fail on it and the update, once logged, would fail it again after every ``resume``.
 * Gap-holding: an update that arrives before a smaller seq of its source is stored but not
   released; it is released (in seq order) when the gap is filled, never skipped. Only its
   seq and log id stay in memory; its changes are read back from the log when it is released,
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.schemas import Ack, Update
+from contract.value_fit import Family, unfit_reason
 from warehouse.catalog.db import LogEntry, NewUpdate, SeqConflict, content_digest
 
 DEFAULT_SEQ_WINDOW = 100_000
@@ -42,8 +47,18 @@ def _on_receiving_thread(function: Callable[..., Any], *args: Any) -> Awaitable[
 
 
 class ReceiveError(ValueError):
-    """An update the manager cannot accept: unknown source, relation or column, a seq too far
-    ahead."""
+    """An update the manager cannot accept: unknown source, relation or column, a value that
+    does not fit its column, a seq too far ahead."""
+
+
+@dataclass(frozen=True)
+class RelationShape:
+    """What a relation's rows must match: its columns, those a view needs, and ``(column,
+    family, declared type)`` of each column whose view type constrains its values."""
+
+    columns: frozenset[str]
+    needed: set[str]
+    typed: tuple[tuple[str, Family, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,13 +95,13 @@ class Receiver:
         self,
         db: Callable[..., Awaitable],
         release: Callable[[LogEntry], None],
-        relations: Callable[[str, int], Mapping[str, tuple[Sequence[str], set[str]]] | None],
+        relations: Callable[[str, int], Mapping[str, RelationShape] | None],
         window: int = DEFAULT_SEQ_WINDOW,
         run_off_loop: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
         self._db = db
         self._release = release
-        # (source, seq) -> {relation: (its columns, the columns a view needs from that seq on)};
+        # (source, seq) -> {relation: its shape, with the columns a view needs from that seq on};
         # None: unknown source
         self._relations = relations
         self.window = window
@@ -118,41 +133,46 @@ class Receiver:
     def forget(self, source: str) -> None:
         self._cursors.pop(source, None)
 
-    def _schemas(
-        self, source: str, updates: Sequence[Update | PlainUpdate]
-    ) -> dict[int, dict[str, tuple[frozenset[str], set[str]]]]:
-        """What each update's rows must match: per relation its columns and those a view needs.
-        Read on the event loop, where views come and go."""
+    def _schemas(self, source: str, updates: Sequence[Update | PlainUpdate]) -> dict[int, Mapping[str, RelationShape]]:
+        """What each update's rows must match, per relation. Read on the event loop, where
+        views come and go."""
         if self._relations(source, 0) is None:
             raise ReceiveError(f"unknown source {source!r}")
-        schemas: dict[int, dict[str, tuple[frozenset[str], set[str]]]] = {}
+        schemas: dict[int, Mapping[str, RelationShape]] = {}
         for u in updates:
             relations = self._relations(source, u.seq)
             assert relations is not None  # None only for an unknown source, excluded above
-            schemas[u.seq] = {table: (frozenset(columns), needed) for table, (columns, needed) in relations.items()}
+            schemas[u.seq] = relations
         return schemas
 
     @staticmethod
-    def _validate(source: str, update: PlainUpdate, relations: Mapping[str, tuple[frozenset[str], set[str]]]) -> None:
+    def _validate(source: str, update: PlainUpdate, relations: Mapping[str, RelationShape]) -> None:
         for change in update.changes:
-            known = relations.get(change["relation"])
-            if known is None:
+            shape = relations.get(change["relation"])
+            if shape is None:
                 raise ReceiveError(
                     f"update seq {update.seq} of source {source!r}: unknown relation {change['relation']!r}"
                 )
-            columns, needed = known
-            unknown = change["row"].keys() - columns
+            row = change["row"]
+            unknown = row.keys() - shape.columns
             if unknown:
                 raise ReceiveError(
                     f"update seq {update.seq} of source {source!r}: relation {change['relation']!r} "
                     f"has no column(s) {', '.join(sorted(unknown))}"
                 )
-            missing = needed - change["row"].keys()
+            missing = shape.needed - row.keys()
             if missing:
                 raise ReceiveError(
                     f"update seq {update.seq} of source {source!r}: a row of {change['relation']!r} "
                     f"lacks column(s) {', '.join(sorted(missing))} that a view needs"
                 )
+            for column, family, declared in shape.typed:
+                if (why := unfit_reason(family, declared, row.get(column))) is not None:
+                    raise ReceiveError(
+                        f"update seq {update.seq} of source {source!r}: relation {change['relation']!r}, "
+                        f"column {column!r}: {why}, which a view cannot store (a wrapper leaves such rows out "
+                        "of its updates: docs/capture.md)"
+                    )
 
     def _check_window(self, source: str, cursor: SourceCursor, updates: Sequence[Update | PlainUpdate]) -> None:
         limit = cursor.released_through + self.window

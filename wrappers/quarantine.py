@@ -19,8 +19,10 @@ insert of the fit one (shipped). Every column of the relation is checked, not on
 the views read: the rule must not change when a view is defined or dropped, or a new view
 could hide a row that older views already hold (its later delete would then be dropped).
 
-What fits each type family (``wrappers.capture.types``), checked on SQLite only (PostgreSQL
-and MariaDB enforce their column types themselves):
+Whether a captured value fits its column is ``contract.value_fit``'s rule, the one the
+manager applies to every update it receives: a value fits the family of its source's
+declared type and that of its view column (``capture_families``). Checked on SQLite only
+(PostgreSQL and MariaDB enforce their column types themselves):
 
 ==========  ===================================  ==========================================
 family      captured value (JSON)                SQLite ``typeof``
@@ -33,7 +35,7 @@ text, date  a string (blobs travel as hex)       text, blob
 ==========  ===================================  ==========================================
 
 NULL always fits; an untyped column takes anything. Sizes count UTF-8 bytes of text (and of
-a blob's hex form) on every dialect.
+a blob's hex form) on every dialect: a wrapper's own limit, which the manager does not know.
 """
 
 from __future__ import annotations
@@ -48,9 +50,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from contract.column_types import spark_type
 from contract.schemas import NAN
-from wrappers.capture.types import Family, family_of
+from contract.value_fit import (
+    Family,
+    capture_families,
+    kind_fits,
+    source_family,
+    unfit_reason,
+    value_checked,
+    view_family,
+)
 from wrappers.schema import SourceSchema, TableSchema
 
 log = logging.getLogger(__name__)
@@ -60,18 +69,6 @@ LOG_EVERY_SECONDS = 60.0
 PREVIEW_CHARS = 60
 PLANS_PER_RELATION = 256
 
-# The family a view's store gives a type that the wrapper's own families do not cover (a
-# SQLite column declared STRING has numeric affinity, but the store makes it a Spark STRING).
-_STORE_FAMILIES: dict[str, Family] = {"BIGINT": "integer", "DOUBLE": "float", "STRING": "text", "BOOLEAN": "boolean"}
-
-_PYTHON_TYPES: dict[Family, tuple[type, ...]] = {
-    "integer": (int,),
-    "float": (int, float),
-    "numeric": (int, float),
-    "boolean": (int,),
-    "text": (str,),
-    "date": (str,),
-}
 _SQLITE_TYPES: dict[Family, tuple[str, ...]] = {
     "integer": ("integer",),
     "float": ("integer", "real"),
@@ -80,17 +77,15 @@ _SQLITE_TYPES: dict[Family, tuple[str, ...]] = {
     "text": ("text", "blob"),
     "date": ("text", "blob"),
 }
-_KINDS = {str: "text", int: "integer", float: "real", bool: "boolean"}
 # PostgreSQL's to_jsonb writes a non-finite double precision or numeric as a JSON string.
 _POSTGRESQL_NON_FINITE = {"NaN": NAN, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def checked_family(type_name: str) -> Family | None:
-    """The family whose values a column of declared type ``type_name`` must hold; None: any."""
-    family = family_of(type_name)
-    if family is None:
-        family = _STORE_FAMILIES.get(spark_type(type_name) or "")
-    return family
+    """The narrowest family whose values a column of declared type ``type_name`` must hold:
+    the source's own, else the view's; None: any. What fits it fits every one of the
+    column's ``capture_families`` (for ``TINYINT(1)``, 0 and 1 are integers too)."""
+    return source_family(type_name) or view_family(type_name)
 
 
 class Unfit(Exception):
@@ -125,9 +120,9 @@ def utf8_size(text: str) -> int:
 class _Plan:
     """What to do with a row whose values have given Python types (positions in the row)."""
 
-    unfit: tuple[int, str] | None = None  # the first value whose type does not fit, and why
+    unfit: tuple[int, Family] | None = None  # the first value whose type does not fit, and the family
+    checked: tuple[tuple[int, Family], ...] = ()  # values to check themselves (a boolean's 0 or 1, …)
     to_float: tuple[int, ...] = ()  # integers of float columns
-    booleans: tuple[int, ...] = ()  # integers of boolean columns: 0 or 1
     non_finite: tuple[int, ...] = ()  # PostgreSQL's "NaN", "Infinity", "-Infinity" texts
     texts: tuple[int, ...] = ()  # sizes to check
 
@@ -152,7 +147,8 @@ class RowCheck:
         self.relation = table.name
         self._columns = table.columns
         self._types = table.types
-        self._families = tuple(checked_family(t) for t in table.types)
+        self._families = tuple(capture_families(t) for t in table.types)
+        self._non_finite_columns = tuple(checked_family(t) in ("float", "numeric") for t in table.types)
         self._dialect = dialect
         self._max_bytes = max_value_bytes
         self._fast_chars = max_value_bytes // 4  # no text this short can exceed the limit
@@ -165,18 +161,15 @@ class RowCheck:
         values: tuple[Any, ...] = tuple(map(row.get, self._columns))
         plan = self._plan(tuple(map(type, values)))
         if plan.unfit is not None:
-            i, why = plan.unfit
+            i, family = plan.unfit
+            why = unfit_reason(family, self._types[i], values[i])
+            assert why is not None  # the plan found this value's type unfit for the family
             raise Unfit(self.relation, self._columns[i], values[i], why)
+        for i, family in plan.checked:
+            if (why := unfit_reason(family, self._types[i], values[i])) is not None:
+                raise Unfit(self.relation, self._columns[i], values[i], why)
         for i in plan.to_float:
             row[self._columns[i]] = float(values[i])
-        for i in plan.booleans:
-            if values[i] not in (0, 1):
-                raise Unfit(
-                    self.relation,
-                    self._columns[i],
-                    values[i],
-                    f"{values[i]} in a column declared {self._types[i]} (0 or 1)",
-                )
         for i in plan.non_finite:
             if values[i] not in _POSTGRESQL_NON_FINITE:
                 raise Unfit(
@@ -194,25 +187,26 @@ class RowCheck:
         return row
 
     def _make_plan(self, kinds: tuple[type, ...]) -> _Plan:
-        to_float, booleans, non_finite, texts = [], [], [], []
-        for i, (kind, family) in enumerate(zip(kinds, self._families)):
+        checked, to_float, non_finite, texts = [], [], [], []
+        for i, (kind, families) in enumerate(zip(kinds, self._families)):
             if kind is str:
                 texts.append(i)
-            if kind is type(None) or family is None:
+            if kind is type(None) or not families:
                 continue
             if self._dialect == "postgresql":
-                if kind is str and family in ("float", "numeric"):
+                if kind is str and self._non_finite_columns[i]:
                     non_finite.append(i)
             elif self._dialect == "sqlite":
-                if kind not in _PYTHON_TYPES[family]:
-                    return _Plan(
-                        unfit=(i, f"a {_KINDS.get(kind, kind.__name__)} value in a column declared {self._types[i]}")
-                    )
-                if family == "float" and kind is int:
+                for family in families:
+                    if not kind_fits(family, kind):
+                        return _Plan(unfit=(i, family))
+                    # SQLite's integers are 64-bit: the rule's bound holds for them already, and
+                    # checking it would cost every integer of every row.
+                    if value_checked(family, kind) and family != "integer":
+                        checked.append((i, family))
+                if "float" in families and kind is int:
                     to_float.append(i)
-                elif family == "boolean":
-                    booleans.append(i)
-        return _Plan(None, tuple(to_float), tuple(booleans), tuple(non_finite), tuple(texts))
+        return _Plan(None, tuple(checked), tuple(to_float), tuple(non_finite), tuple(texts))
 
 
 def fit_clause(

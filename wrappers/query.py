@@ -39,7 +39,8 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from contract.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
 from contract.schemas import KEY_RELATION, Subquery
-from wrappers.capture.types import Family, family_of, wire_value
+from contract.value_fit import Family, source_family
+from wrappers.capture.types import wire_value
 from wrappers.errors import InvalidRequest
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, checked_family, fit_clause
 from wrappers.schema import SourceSchema, TableSchema
@@ -160,7 +161,7 @@ def _shape(
 
     def column(name: str) -> Any:
         """A relation column; text under a binary collation where the dialect needs one."""
-        if dialect in _BINARY_COLLATION and family_of(table.types[table.columns.index(name)]) == "text":
+        if dialect in _BINARY_COLLATION and source_family(table.types[table.columns.index(name)]) == "text":
             return _Binary(relation.c[name], _BINARY_COLLATION[dialect])
         return relation.c[name]
 
@@ -339,7 +340,7 @@ def _compared_family(on: Expr | None, key: str, alias: str, table: TableSchema) 
         for mine, other in ((on.left, on.right), (on.right, on.left)):
             if mine == Col(KEY_RELATION, key) and isinstance(other, Col) and other.relation == alias:
                 if other.name in table.columns:
-                    return family_of(table.types[table.columns.index(other.name)])
+                    return source_family(table.types[table.columns.index(other.name)])
         return None
     for child in on.args if isinstance(on, (And, Or)) else (on.arg,) if isinstance(on, Not) else ():
         found = _compared_family(child, key, alias, table)

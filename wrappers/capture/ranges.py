@@ -38,9 +38,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from contract.value_fit import source_family
 from wrappers.capture.base import CaptureDialect
 from wrappers.capture.differencing import row_changes
-from wrappers.capture.types import family_of, wire_value
+from wrappers.capture.types import wire_value
 from wrappers.differential import ChangeList, SnapshotError
 from wrappers.differential.partitioned_hash import diff_in_memory
 from wrappers.differential.range_checksums import KeyRange, RangePlanner, ranges_between, split_range
@@ -81,7 +82,7 @@ class RangeCapture:
         if rows_per_range < 1:
             raise WrapperError("rows per range must be at least 1")
         for table in schema.tables.values():
-            bad = [c for c in table.primary_key if family_of(table.types[table.columns.index(c)]) != "integer"]
+            bad = [c for c in table.primary_key if source_family(table.types[table.columns.index(c)]) != "integer"]
             if bad:
                 raise WrapperError(
                     f"range-checksum capture needs integer key columns; {table.name!r} is keyed by "

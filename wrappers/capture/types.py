@@ -12,8 +12,8 @@ the manager would see two different rows where the source has one. The wire form
 Other types (timestamps, intervals, binary, JSON, arrays, UUID, …) are refused when capture
 is installed: shipping them would need a text form whose comparisons agree with the
 source's, which this wrapper does not promise. The type *family* of a column is read from
-its reflected type name with SQLite-like affinity rules, so the same rules serve every
-dialect and the subquery builder.
+its reflected type name with SQLite-like affinity rules (``contract.value_fit.source_family``,
+which the manager reads too), so the same rules serve every dialect and the subquery builder.
 """
 
 from __future__ import annotations
@@ -21,36 +21,17 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
+from contract.value_fit import source_family
 from wrappers.errors import WrapperError
-
-Family = Literal["integer", "float", "numeric", "boolean", "text", "date"]
 
 SUPPORTED = "integers, floating point, NUMERIC/DECIMAL, BOOLEAN, character strings and DATE"
 
 
-def family_of(type_name: str) -> Family | None:
-    """The family of a reflected SQL type name (``str(sqlalchemy type)``); None if unsupported."""
-    name = type_name.upper()
-    if name.startswith(("BOOL", "TINYINT(1)")):
-        return "boolean"
-    if "INT" in name and "INTERVAL" not in name and "POINT" not in name:
-        return "integer"
-    if name.startswith(("NUMERIC", "DECIMAL")):
-        return "numeric"
-    if name.startswith(("REAL", "FLOAT", "DOUBLE")):
-        return "float"
-    if any(word in name for word in ("CHAR", "TEXT", "CLOB")) and "BINARY" not in name:
-        return "text"
-    if name == "DATE":
-        return "date"
-    return None
-
-
 def check_shippable(table: str, columns: Iterable[tuple[str, str]]) -> None:
     """WrapperError naming every ``(column, type name)`` of ``table`` no family covers."""
-    bad = [f"{name} ({type_name or 'no type'})" for name, type_name in columns if family_of(type_name) is None]
+    bad = [f"{name} ({type_name or 'no type'})" for name, type_name in columns if source_family(type_name) is None]
     if bad:
         raise WrapperError(
             f"table {table!r} has column(s) the wrapper cannot ship: {', '.join(bad)}; supported: {SUPPORTED}"
