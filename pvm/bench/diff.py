@@ -309,8 +309,11 @@ ALGORITHMS = (
 
 def _run_main(cfg: BenchConfig, work: str, progress: Any) -> dict[str, Any]:
     from wrappers.differential.compression import Compression
+    from wrappers.differential.csv_dumps import write_csv
+    from wrappers.differential.dumps import open_snapshot
+    from wrappers.differential.parquet_files import write_parquet
     from wrappers.differential.partitioned_hash import hash_state, partitioned_hash_diff
-    from wrappers.differential.records import Schema, open_snapshot, write_csv, write_parquet
+    from wrappers.differential.record_schema import Schema
     from wrappers.differential.second_pass import remove_useless_pairs, useless_pairs
     from wrappers.differential.sort_merge import sort_merge_diff, sorted_state
     from wrappers.differential.spill import IOStats, MemoryBudget
