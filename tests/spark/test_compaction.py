@@ -6,15 +6,19 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
 from contract.zset import ZSet
+from warehouse.store import spark as spark_module
+from warehouse.store import spark_compaction
 from warehouse.store.base import Effect, StoreError
-from warehouse.store.compaction import CompactionPolicy, Compactor
-from warehouse.store.spark import SparkStore, ZlogStats, _part_files, _read_footer
+from warehouse.store.compaction import CompactionPolicy, Compactor, ZlogStats
+from warehouse.store.spark import SparkStore
+from warehouse.store.spark_files import part_files, read_footer
 
 pytestmark = pytest.mark.spark
 
@@ -37,8 +41,8 @@ def compacted(spark_store: SparkStore, view: str) -> tuple[SparkStore, str, dict
     spark_store.commit(view, [effect(o) for o in (1, 2, 3)])
     spark_store.commit(view, [effect(o) for o in (6, 7)])
     spark_store.commit(view, [effect(o) for o in (4, 5, 8)])
-    files = _part_files(spark_store._state(view).meta.zlog_location)
-    assert sorted(_read_footer(f).span for f in files) == [(1, 3), (4, 8), (6, 7)]
+    files = part_files(spark_store._state(view).meta.zlog_location)
+    assert sorted(read_footer(f).span for f in files) == [(1, 3), (4, 8), (6, 7)]
     spark_store.publish(view, 5)
     before = states(spark_store, view, range(5, 9)) | {-1: spark_store.read(view)}
     old = spark_store._state(view).meta
@@ -154,17 +158,17 @@ def test_commit_during_compaction_is_not_lost(
     spark_store.commit(view, [effect(o) for o in range(1, 6)])
     spark_store.publish(view, 4)
     expected = spark_store.read(view) + effect(6).delta + effect(7).delta
-    write = SparkStore._write_compacted
+    write = spark_module.write_compacted
 
-    def write_while_committing(self: SparkStore, *args: object) -> None:
+    def write_while_committing(*args: Any) -> None:
         # Commits from another thread land between the snapshot and the swap; order 3 is a
         # duplicate of a folded order, order 7 ≤ nothing yet published.
-        committer = threading.Thread(target=lambda: self.commit(view, [effect(6), effect(3), effect(7)]))
+        committer = threading.Thread(target=lambda: spark_store.commit(view, [effect(6), effect(3), effect(7)]))
         committer.start()
-        write(self, *args)
+        write(*args)
         committer.join()
 
-    monkeypatch.setattr(SparkStore, "_write_compacted", write_while_committing)
+    monkeypatch.setattr(spark_module, "write_compacted", write_while_committing)
     assert spark_store.compact(view)
     assert spark_store.read(view) == expected
     assert spark_store.committed_orders(view) == set(range(1, 8))
@@ -185,13 +189,13 @@ def test_a_compaction_with_nothing_to_fold_keeps_the_base(
     before = states(spark_store, view, range(1, 5))
     base = spark_store._state(view).meta.base_location
     read: list[str] = []
-    plain_read = SparkStore._read
+    plain_read = spark_compaction._read
 
-    def recording_read(self: SparkStore, schema, paths):
+    def recording_read(spark, schema, paths):
         read.extend(paths)
-        return plain_read(self, schema, paths)
+        return plain_read(spark, schema, paths)
 
-    monkeypatch.setattr(SparkStore, "_read", recording_read)
+    monkeypatch.setattr(spark_compaction, "_read", recording_read)
     assert spark_store.compact(view)
     assert read and base not in read  # only the z-log files above W were rewritten
     monkeypatch.undo()
@@ -246,7 +250,7 @@ def test_compactor_compacts_views_that_are_due(spark_store: SparkStore, view: st
     assert spark_store.zlog_stats(view).compacted_through == 3
     assert compactor.run_once() == []
     location = spark_store._state(view).meta.zlog_location
-    assert len(_part_files(location)) <= 1
+    assert len(part_files(location)) <= 1
 
 
 def test_each_zlog_footer_is_read_once_and_outside_the_view_lock(
@@ -295,13 +299,13 @@ def test_each_zlog_footer_is_read_once_and_outside_the_view_lock(
     assert spark_store.compact(view)
     assert len(reads) == 3  # the spans came from the footers zlog_stats had read
     zlog = state.meta.zlog_location
-    assert figures() == figures() == (len(_part_files(zlog)), 2)  # order 4 is left
+    assert figures() == figures() == (len(part_files(zlog)), 2)  # order 4 is left
     spark_store.commit(view, [effect(5)])
-    assert figures() == (len(_part_files(zlog)), 4)
+    assert figures() == (len(part_files(zlog)), 4)
     paths = [path for path, _ in reads]
-    assert len(paths) == len(set(paths)) == 3 + len(_part_files(zlog))
+    assert len(paths) == len(set(paths)) == 3 + len(part_files(zlog))
     assert all(free for _, free in reads)
-    assert set(state.footers) == set(_part_files(zlog))  # the compacted-away files are forgotten
+    assert set(state.footers) == set(part_files(zlog))  # the compacted-away files are forgotten
 
 
 def test_failed_compaction_leaves_the_old_state(

@@ -17,7 +17,8 @@ from tests.spark.analyst_support import TABLES, change, join_sql, settle
 from warehouse.catalog.db import Catalog, StoreRecords
 from warehouse.store.base import Effect
 from warehouse.store.published import PublishedViews
-from warehouse.store.spark import SparkStore, _part_files
+from warehouse.store.spark import SparkStore
+from warehouse.store.spark_files import part_files
 
 pytestmark = pytest.mark.spark
 
@@ -62,9 +63,9 @@ def test_a_restart_registers_the_tables_from_the_catalog_database(
         assert restarted.published(view) == 3
         assert restarted.committed_orders(view) == {1, 2, 3}
         assert sorted(tuple(r) for r in spark.sql(f"SELECT * FROM {view}").collect()) == [(1, "a"), (2, "b"), (3, "c")]
-        files = len(_part_files(meta.zlog_location))
+        files = len(part_files(meta.zlog_location))
         restarted.commit(view, [Effect(1, ZSet({(9, "dup"): 1})), Effect(3, ZSet({(9, "dup"): 1}))])
-        assert len(_part_files(meta.zlog_location)) == files and restarted.read(view) == before
+        assert len(part_files(meta.zlog_location)) == files and restarted.read(view) == before
     finally:
         store.drop(view)
 

@@ -10,7 +10,8 @@ from pyspark.sql import SparkSession
 
 from contract.zset import ZSet
 from warehouse.store.base import Effect, StoreError
-from warehouse.store.spark import SparkStore, _part_files
+from warehouse.store.spark import SparkStore
+from warehouse.store.spark_files import part_files
 from warehouse.store.spark_session import get_spark
 
 pytestmark = pytest.mark.spark
@@ -102,9 +103,9 @@ def test_a_group_is_one_append(spark_store: SparkStore, view: str) -> None:
     for group in range(3):
         effects = [Effect(group * 50 + i, ZSet({(group * 50 + i, "x"): 1, (-i, "y"): 1})) for i in range(1, 51)]
         spark_store.commit(view, effects)
-        assert len(_part_files(location)) == group + 1
+        assert len(part_files(location)) == group + 1
     spark_store.commit(view, effects)  # all already committed: no append at all
-    assert len(_part_files(location)) == 3
+    assert len(part_files(location)) == 3
     assert len(spark_store.committed_orders(view)) == 150
 
 
@@ -128,9 +129,9 @@ def test_restart_sees_everything_and_stays_idempotent(
     assert restarted.committed_orders(view) == {1, 2, 3}
     assert sql_rows(spark, view) == [(1, "a"), (1, "a")]
     location = restarted._state(view).meta.zlog_location
-    files = len(_part_files(location))
+    files = len(part_files(location))
     restarted.commit(view, [Effect(2, ZSet({(7, "dup"): 1})), Effect(3, ZSet({(7, "dup"): 1}))])
-    assert len(_part_files(location)) == files
+    assert len(part_files(location)) == files
     assert restarted.read(view) == before
 
 

@@ -127,7 +127,7 @@ class Engine:
         await asyncio.get_running_loop().run_in_executor(self._publishing, self._apply, published)
 
     def _apply(self, published: Published) -> None:
-        from warehouse.store.spark import ViewMeta
+        from warehouse.store.spark_records import ViewMeta
 
         if published.reset:
             for name in set(self.views.names()) - set(published.views):
@@ -169,7 +169,10 @@ class Engine:
         return self._tagged(request.tag, work)
 
     def rows(self, request: RowsRequest) -> RowsResult:
-        from warehouse.store.spark import WEIGHT, RowCodec, ViewMeta, sums_sql, visible_sql
+        from warehouse.store.spark_names import WEIGHT
+        from warehouse.store.spark_records import ViewMeta
+        from warehouse.store.spark_rows import RowCodec
+        from warehouse.store.spark_sql import sums_sql, visible_sql
 
         meta = ViewMeta.from_record(request.record)
         codec = RowCodec(meta.columns, meta.types)

@@ -92,7 +92,9 @@ def stored_as_of(session: SparkSession, record: dict[str, Any], as_of: int) -> Z
     """The stored view's signed weights as of ``as_of``, from the files ``record`` names:
     the base plus the z-log rows with ``_order <= as_of``, summed per row (zeros dropped,
     negative sums kept), as the store's own read sums them."""
-    from warehouse.store.spark import RowCodec, ViewMeta, sums_sql
+    from warehouse.store.spark_records import ViewMeta
+    from warehouse.store.spark_rows import RowCodec
+    from warehouse.store.spark_sql import sums_sql
 
     meta = ViewMeta.from_record(record)
     if as_of < meta.compacted_through:

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from contract.zset import ZSet
 
-# Names of the Spark store's own tables (``warehouse/store/spark.py``). They live here, free
-# of pyspark, so that the analysts' API can refuse them without importing Spark.
+# Names of the Spark store's own tables (``warehouse/store/spark_names.py``). They live
+# here, free of pyspark, so that the analysts' API can refuse them without importing Spark.
 ZLOG_PREFIX = "pvm_zlog_"
 BASE_PREFIX = "pvm_base_"
 VERSIONS_DB = "pvm_store"  # one table per kind and version of each view's files

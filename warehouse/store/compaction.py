@@ -10,10 +10,23 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from warehouse.store.spark import SparkStore, ZlogStats
+if TYPE_CHECKING:
+    from warehouse.store.spark import SparkStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ZlogStats:
+    """What a compaction policy looks at."""
+
+    files: int
+    rows: int
+    oldest_age_s: float
+    watermark: int
+    compacted_through: int
 
 
 @dataclass(frozen=True)

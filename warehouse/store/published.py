@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from warehouse.store.spark import ViewMeta, table_schemas, visible_sql
+from warehouse.store.spark_records import ViewMeta
+from warehouse.store.spark_rows import table_schemas
+from warehouse.store.spark_sql import visible_sql
 
 DATABASE = "pvm_views"
 

@@ -57,7 +57,8 @@ from wrappers.differential import (
     sort_merge_diff,
     window_diff,
 )
-from wrappers.differential.records import IOStats, Key, Record, Rest
+from wrappers.differential.record_schema import Key, Record, Rest
+from wrappers.differential.spill import IOStats
 from wrappers.differential.window import DEFAULT_INPUT_RECORDS
 from wrappers.errors import InvalidRequest
 from wrappers.replica import DuplicateKey, Replica, RowChange

@@ -45,7 +45,7 @@ from wrappers.capture.types import wire_value
 from wrappers.differential import ChangeList, SnapshotError
 from wrappers.differential.partitioned_hash import diff_in_memory
 from wrappers.differential.range_checksums import KeyRange, RangePlanner, ranges_between, split_range
-from wrappers.differential.records import Record
+from wrappers.differential.record_schema import Record
 from wrappers.errors import InvalidRequest, WrapperError
 from wrappers.replica import Replica, RowChange
 from wrappers.schema import SourceSchema, TableSchema

@@ -23,27 +23,19 @@ Bad input raises ``SnapshotError``.
 """
 
 from wrappers.differential.compression import K_B, K_B_P, Compression, checksum, expected_clean_runs, miss_probability
+from wrappers.differential.csv_dumps import CsvSnapshot, write_csv
 from wrappers.differential.distance import displacement_stats, snapshot_distance
+from wrappers.differential.dumps import open_snapshot
 from wrappers.differential.errors import SnapshotError
+from wrappers.differential.memory_snapshots import MemorySnapshot, as_snapshot, from_rows
 from wrappers.differential.messages import Change, ChangeConflict, ChangeList, DiffResult, DiffStats, apply_changes
+from wrappers.differential.parquet_files import ParquetSnapshot, write_parquet
 from wrappers.differential.partitioned_hash import HashState, diff_in_memory, hash_state, partitioned_hash_diff
 from wrappers.differential.range_checksums import KeyRange, RangeChecksumCopy, RangeSum, plan_ranges, range_sum
-from wrappers.differential.records import (
-    CsvSnapshot,
-    MemorySnapshot,
-    ParquetSnapshot,
-    RecordSnapshot,
-    Schema,
-    Snapshot,
-    as_snapshot,
-    check_compatible,
-    from_rows,
-    open_snapshot,
-    write_csv,
-    write_parquet,
-    write_records,
-)
+from wrappers.differential.record_file_snapshot import RecordSnapshot, write_records
+from wrappers.differential.record_schema import Schema, check_compatible
 from wrappers.differential.second_pass import remove_useless_pairs, useless_pairs
+from wrappers.differential.snapshot import Snapshot
 from wrappers.differential.sort_merge import SortedState, sort_merge_diff, sorted_state
 from wrappers.differential.spill import IOStats, MemoryBudget
 from wrappers.differential.window import window_diff

@@ -48,17 +48,11 @@ from typing import Any
 
 from wrappers.differential.compression import Compression, compress_entries
 from wrappers.differential.errors import SnapshotError
+from wrappers.differential.memory_snapshots import as_snapshot
 from wrappers.differential.messages import DELETE, INSERT, UPDATE, Change, ChangeList, DiffResult, DiffStats
-from wrappers.differential.records import (
-    Record,
-    Schema,
-    Snapshot,
-    as_snapshot,
-    check_compatible,
-    estimate_record_bytes,
-    key_bytes,
-    peek,
-)
+from wrappers.differential.record_schema import Record, Schema, check_compatible
+from wrappers.differential.record_sizes import estimate_record_bytes, key_bytes, peek
+from wrappers.differential.snapshot import Snapshot
 from wrappers.differential.sort_merge import _fetch_pending
 from wrappers.differential.spill import (
     DEFAULT_BUDGET,

@@ -52,7 +52,7 @@ from wrappers.differential.compression import canonical
 from wrappers.differential.errors import SnapshotError
 from wrappers.differential.messages import Change, ChangeList
 from wrappers.differential.partitioned_hash import diff_in_memory
-from wrappers.differential.records import Key, Record
+from wrappers.differential.record_schema import Key, Record
 
 __all__ = [
     "KeyRange",

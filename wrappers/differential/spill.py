@@ -5,7 +5,7 @@ files in a temporary directory, so a differential over snapshots larger than its
 budget runs slower instead of failing. The algorithms size their capacity from a
 ``MemoryBudget``: a number of records, a number of bytes, or both (the smaller wins). Bytes
 are *nominal* bytes, the size the records have in a dump (see
-``records.record_bytes``), not Python's object overhead, which is a few times larger.
+``record_sizes.record_bytes``), not Python's object overhead, which is a few times larger.
 
 A ``RecordFile`` is written once and then read any number of times; it stores chunks of
 records with ``marshal`` (``pickle`` for chunks with values marshal cannot store). The file

@@ -44,8 +44,11 @@ from itertools import islice
 from typing import Any
 
 from wrappers.differential.errors import SnapshotError
+from wrappers.differential.memory_snapshots import as_snapshot
 from wrappers.differential.messages import DELETE, INSERT, UPDATE, Change, ChangeList, DiffResult, DiffStats
-from wrappers.differential.records import Record, Snapshot, as_snapshot, check_compatible, estimate_record_bytes
+from wrappers.differential.record_schema import Record, check_compatible
+from wrappers.differential.record_sizes import estimate_record_bytes
+from wrappers.differential.snapshot import Snapshot
 from wrappers.differential.spill import DEFAULT_BUDGET, IOStats, MemoryBudget, SpillList, without_gc
 
 __all__ = ["DEFAULT_AGING_RECORDS", "DEFAULT_INPUT_RECORDS", "window_diff"]

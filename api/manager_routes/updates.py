@@ -1,0 +1,43 @@
+"""The route wrappers ship their source's committed updates to."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from api.auth import Principal, require_source
+from api.ingest import BODY_DOCS, collector_paused, drop, read_update_batch
+from api.manager_routes.error_docs import AUTH, errors
+from api.manager_routes.roles import WRAPPER
+from contract.schemas import Ack
+from warehouse.manager import Manager
+
+
+def router_for(manager: Manager) -> APIRouter:
+    router = APIRouter(tags=["updates"])
+
+    @router.post(
+        "/v1/updates",
+        response_model=Ack,
+        summary="Ship updates of a source",
+        description="A wrapper ships committed updates of its source, numbered seq 1, 2, 3, … without gaps. "
+        "The answer acknowledges everything durable through `through`; updates above a gap are stored and "
+        "listed in `held`. Resending is safe; resending a seq with other content than was received is refused "
+        "(409 naming the seq), and so is a seq more than the manager's window (100,000 by default) beyond "
+        "`through` (422). Needs the wrapper token of `source` (or an admin token).",
+        responses={
+            200: {"content": {"application/json": {"example": {"through": 42, "held": []}}}},
+            **errors(400, *AUTH, 409, 413, 422),
+        },
+        openapi_extra=BODY_DOCS,
+    )
+    async def post_updates(request: Request, principal: Principal = Depends(WRAPPER)) -> Ack:
+        body = await request.body()  # read once the token is checked; parsed off the event loop (api/ingest.py)
+        with collector_paused(len(body)):
+            batch = await read_update_batch(body)
+            try:
+                require_source(principal, batch.source)
+                return await manager.receive(batch.source, batch.updates)
+            finally:
+                await drop(batch.updates)
+
+    return router

@@ -1,0 +1,62 @@
+"""The Spark jobs of a compaction: fold a view's z-log up to the watermark into a new base
+version, and carry the rest over into a new z-log version.
+
+Which files to fold, and the swap to the new versions, are the store's
+(``SparkStore.compact``); when to compact is ``warehouse/store/compaction.py``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from warehouse.store.file_access import store_files
+from warehouse.store.spark_files import Footer, link, part_files
+from warehouse.store.spark_names import ORDER, WEIGHT
+from warehouse.store.spark_records import ViewMeta
+from warehouse.store.spark_rows import RowCodec
+
+__all__ = ["write_compacted"]
+
+
+def _read(spark: SparkSession, schema: StructType, paths: Sequence[str]) -> DataFrame:
+    return spark.read.schema(schema).parquet(*paths)
+
+
+def write_compacted(
+    spark: SparkSession,
+    codec: RowCodec,
+    start: ViewMeta,
+    zlog_files: Sequence[str],
+    footers: Sequence[Footer],
+    new_base: str,
+    new_zlog: str,
+) -> None:
+    """New base: old base plus z-log rows up to W, summed, zeros dropped (negative sums
+    stay: a later insert must still cancel them). New z-log: the rows after W.
+
+    Each Spark job reads only the files that hold rows for it (by the ``_order`` range
+    in their footers); a job with no such file is not run: the old base is linked into
+    the new version, or the new z-log starts empty."""
+    bound = start.watermark
+    spans = {f: footer.span for f, footer in zip(zlog_files, footers)}
+    upto = [f for f, span in spans.items() if span is None or span[0] <= bound]
+    after = [f for f, span in spans.items() if span is None or span[1] > bound]
+    if upto:
+        base = _read(spark, codec.base_schema, [start.base_location])
+        zlog = _read(spark, codec.zlog_schema, upto).where(F.col(ORDER) <= bound).drop(ORDER)
+        summed = (
+            base.unionByName(zlog).groupBy(*codec.columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        )
+        summed.write.mode("overwrite").parquet(new_base)
+    else:
+        link(part_files(start.base_location), new_base)
+    if after:
+        zlog = _read(spark, codec.zlog_schema, after).where(F.col(ORDER) > bound)
+        zlog.write.mode("overwrite").parquet(new_zlog)
+    else:
+        store_files().make_dir(Path(new_zlog))
