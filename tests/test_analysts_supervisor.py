@@ -142,8 +142,7 @@ async def test_sql_is_checked_after_admission_on_the_analysts_own_threads(tmp_pa
     assert checked_on and checked_on[0].startswith("analyst-check"), checked_on
     assert not checked_on[0].startswith("asyncio")  # not asyncio.to_thread's default pool
 
-    with process.admit("b"):  # the one slot is taken: refused before any check
-        with pytest.raises(AnalystsBusy):
-            await process.query("SELECT 2", 10, "a", check=check)
+    with process.admit("b"), pytest.raises(AnalystsBusy):  # the one slot is taken: refused before any check
+        await process.query("SELECT 2", 10, "a", check=check)
     assert len(checked_on) == 1
     process._checks.shutdown()
