@@ -2,13 +2,15 @@
 
 Each schedule runs three in-process sources under a concurrent insert/delete workload with
 random delays in shipping, before snapshots and during subquery evaluation, so that updates
-are maintenance-concurrent and effects commit out of order. The delays are drawn from the
-schedule's seed and slept in virtual time, and the manager's catalog and store calls run
-inline (``tests.virtual_time``): a seed gives the same interleaving every run, so a failing
-schedule is replayed by running its test again (docs/protocol.md says how). Two views are maintained at
+are maintenance-concurrent and effects commit out of order. Two views are maintained at
 once (a chain over three sources, and a four-relation view where one source holds two
 relations and changes both in one transaction), each with a random parallelism, batch size
 and commit mode, defined while the workload runs (initial load under concurrent updates).
+
+The delays are drawn from the schedule's seed and slept in virtual time, and the manager's
+catalog and store calls run inline (``tests.virtual_time``): a seed gives the same
+interleaving in every run, so a failing schedule is replayed by running its test again
+(docs/protocol.md says how).
 
 Checked after quiescence, for every watermark W the view reached: the view as of W equals
 the view recomputed from the updates ordered <= W applied to the initial contents; and at
