@@ -45,6 +45,7 @@ class SimSource:
     outbox: list[list[tuple[str, int, tuple]]] = field(default_factory=list)
     shipped: list[list[tuple[str, int, tuple]]] = field(default_factory=list)
     receive: object = None  # async (source, [Update]) -> Ack, set once the manager exists
+    trace: list[tuple] | None = None  # shared by a schedule's sources: (time, source, relation, keys, watermark)
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
@@ -111,6 +112,9 @@ class SimSource:
             watermark = len(self.shipped)
         if self.delays.evaluation:
             await asyncio.sleep(self.rng.uniform(0, self.delays.evaluation))
+        if self.trace is not None:
+            keys = tuple(tuple(k) for k in q.keys)
+            self.trace.append((asyncio.get_running_loop().time(), self.name, q.relation, keys, watermark))
         return SubqueryAnswer(watermark=watermark, rows=evaluate(q, self.tables[q.relation], snapshot))
 
     async def aclose(self) -> None:
@@ -151,16 +155,19 @@ async def start_sim_manager(
     delays: Delays | None = None,
     sources: dict[str, SimSource] | None = None,
     catalog_url: str | None = None,
+    trace: list[tuple] | None = None,
     **options,
 ):
     """A manager over in-process sources (new ones, or ``sources`` after a restart); the
-    catalog is an SQLite file at ``catalog_path`` unless ``catalog_url`` names a database."""
+    catalog is an SQLite file at ``catalog_path`` unless ``catalog_url`` names a database.
+    ``trace``: where new sources record their answers; ``options`` go to the Manager."""
     from warehouse.manager import Manager
     from warehouse.store.memory import MemoryStore
 
     rng = random.Random(seed)
     sources = sources or {
-        name: SimSource(name, t, random.Random(rng.random()), delays or Delays()) for name, t in tables.items()
+        name: SimSource(name, t, random.Random(rng.random()), delays or Delays(), trace=trace)
+        for name, t in tables.items()
     }
     for s in sources.values():
         s.receive = _unavailable

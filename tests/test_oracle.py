@@ -7,6 +7,11 @@ once (a chain over three sources, and a four-relation view where one source hold
 relations and changes both in one transaction), each with a random parallelism, batch size
 and commit mode, defined while the workload runs (initial load under concurrent updates).
 
+The delays are drawn from the schedule's seed and slept in virtual time, and the manager's
+catalog and store calls run inline (``tests.virtual_time``): a seed gives the same
+interleaving in every run, so a failing schedule is replayed by running its test again
+(docs/protocol.md says how).
+
 Checked after quiescence, for every watermark W the view reached: the view as of W equals
 the view recomputed from the updates ordered <= W applied to the initial contents; and at
 the end every weight is positive and the view equals recomputation from the live sources.
@@ -17,14 +22,25 @@ to notice.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
+import hashlib
+import os
 import random
+import shutil
+import subprocess
+import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from contract.zset import ZSet
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
+from tests.virtual_time import InlineExecutor, run_in_virtual_time
+from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
 from warehouse.protocol import Switches
 from warehouse.store.memory import MemoryStore
@@ -49,6 +65,28 @@ class Outcome:
     mismatches: list[str]
     watermarks: dict[str, int]
     compensations: int
+    answers: list[tuple]  # every subquery answer in the order given: (time, source, relation, keys, watermark)
+    commits: list[tuple[str, tuple[int, ...]]]  # every store write in write order: (view, its orders)
+
+    @property
+    def interleaving(self) -> tuple:
+        """What the schedule did, in order: equal for two runs of one seed."""
+        return (self.answers, self.commits, self.compensations)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(repr(self.interleaving).encode()).hexdigest()[:16]
+
+    @property
+    def out_of_order(self) -> bool:
+        """Some view committed an order after a larger one."""
+        highest: dict[str, int] = {}
+        for view, orders in self.commits:
+            for order in orders:
+                if order < highest.get(view, 0):
+                    return True
+                highest[view] = max(highest.get(view, 0), order)
+        return False
 
 
 def random_row(rng: random.Random, width: int) -> tuple:
@@ -72,13 +110,35 @@ def random_transaction(rng: random.Random, source: SimSource) -> list[tuple[str,
     return changes
 
 
+@functools.cache
+def migrated_catalog() -> Path:
+    """An empty catalog, migrated once per process: every schedule starts from a copy.
+    Migrating took a sixth of each schedule's time; the migrations are tested elsewhere."""
+    directory = Path(tempfile.mkdtemp(prefix="oracle-catalog-"))
+    atexit.register(shutil.rmtree, directory, True)
+    path = directory / "catalog.db"
+    Catalog(f"sqlite:///{path}").close()
+    return path
+
+
+def schedule(tmp_path, seed: int, switches: Switches | None = None, store: RecordingStore | None = None) -> Outcome:
+    """Run schedule ``seed`` on a loop of its own, in virtual time."""
+    return run_in_virtual_time(run_schedule(tmp_path, seed, switches, store))
+
+
 async def run_schedule(
-    tmp_path, seed: int, switches: Switches | None = None, store=None, transactions: int = 24
+    tmp_path, seed: int, switches: Switches | None = None, store: RecordingStore | None = None, transactions: int = 24
 ) -> Outcome:
+    """The schedule of ``seed``; replays only on a ``VirtualTimeLoop`` (``schedule``)."""
     rng = random.Random(seed)
+    store = store or RecordingStore()
     delays = Delays(before_snapshot=0.004, evaluation=0.004, shipping=0.002)
     catalog = tmp_path / f"catalog-{seed}-{uuid.uuid4().hex[:8]}.db"
-    manager, sources = await start_sim_manager(catalog, TABLES, store, switches, seed, delays)
+    shutil.copy(migrated_catalog(), catalog)
+    answers: list[tuple] = []
+    manager, sources = await start_sim_manager(
+        catalog, TABLES, store, switches, seed, delays, trace=answers, blocking_executor=InlineExecutor()
+    )
     for s in sources.values():
         for t, cols in s.tables.items():
             s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
@@ -116,7 +176,7 @@ async def run_schedule(
         await s.ship()
     for name in VIEWS:
         await manager.wait_idle(name, timeout=60)
-    outcome = Outcome([], {}, 0)
+    outcome = Outcome([], {}, 0, answers, store.writes)
     for name in VIEWS:
         outcome.mismatches += await check_view(
             manager, name, sources, check_history=not isinstance(store, ClampingStore)
@@ -158,21 +218,73 @@ async def check_view(manager: Manager, view: str, sources: dict[str, SimSource],
 
 
 @pytest.mark.parametrize("seed", range(SCHEDULES))
-async def test_schedule_matches_recomputation(tmp_path, seed):
-    outcome = await run_schedule(tmp_path, seed)
-    assert not outcome.mismatches, "\n".join(outcome.mismatches)
+def test_schedule_matches_recomputation(tmp_path, seed):
+    outcome = schedule(tmp_path, seed)
+    replay = f"replay: pytest 'tests/test_oracle.py::test_schedule_matches_recomputation[{seed}]'"
+    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
     assert all(w >= 1 for w in outcome.watermarks.values())
 
 
-async def test_schedules_exercise_compensation(tmp_path):
-    """The workload is concurrent enough that compensation actually happens."""
-    total = 0
-    for seed in range(10):
-        total += (await run_schedule(tmp_path, 1000 + seed)).compensations
-    assert total > 10
+def test_schedules_exercise_concurrency(tmp_path):
+    """The workload is concurrent enough that compensation happens and effects commit out
+    of order, in virtual time as on the wall clock."""
+    outcomes = [schedule(tmp_path, 1000 + seed) for seed in range(10)]
+    assert sum(o.compensations for o in outcomes) > 100
+    assert sum(o.out_of_order for o in outcomes) >= 3
 
 
-class ClampingStore(MemoryStore):
+REPLAYED_SEED = 1003  # one that compensates and commits out of order
+
+
+def test_a_seed_replays_its_interleaving(tmp_path):
+    """The same seed gives the same answers (time, source, keys, watermark), the same
+    store writes in the same order and the same compensations, run after run; another
+    seed gives another schedule."""
+    runs = [schedule(tmp_path, REPLAYED_SEED) for _ in range(3)]
+    first = runs[0]
+    assert first.compensations > 0 and first.out_of_order and not first.mismatches
+    for again in runs[1:]:
+        assert again.answers == first.answers
+        assert again.commits == first.commits
+        assert again.compensations == first.compensations
+        assert again.fingerprint == first.fingerprint
+    others = {schedule(tmp_path, REPLAYED_SEED + d).fingerprint for d in (1, 2)}
+    assert first.fingerprint not in others and len(others) == 2
+
+
+def test_a_seed_replays_in_another_process(tmp_path):
+    """A failure found in one run is replayed in the next: another interpreter, with other
+    string hashes (set and dict orders), runs the same schedule."""
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import pathlib, sys; from tests.test_oracle import schedule; "
+        f"print(schedule(pathlib.Path(sys.argv[1]), {REPLAYED_SEED}).fingerprint)"
+    )
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": "12345",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    there = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert there.returncode == 0, there.stderr
+    assert there.stdout.split()[-1] == schedule(tmp_path, REPLAYED_SEED).fingerprint
+
+
+class RecordingStore(MemoryStore):
+    """The in-process store, keeping which view each write was for (``writes``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, tuple[int, ...]]] = []
+
+    def commit(self, view, effects) -> None:
+        super().commit(view, effects)
+        self.writes.append((view, tuple(e.order for e in effects)))
+
+
+class ClampingStore(RecordingStore):
     """Counters that never go below zero, applied in physical commit order: the
     positive-only representation the paper shows failing under out-of-order commits."""
 
@@ -196,28 +308,32 @@ class ClampingStore(MemoryStore):
         return self.current[view].copy()
 
 
-async def first_failure(tmp_path, make, attempts: int = 60) -> int | None:
-    for seed in range(attempts):
+def first_failure(tmp_path, make, attempts: int = 60) -> int | None:
+    """The first seed from 5000 on whose schedule the oracle rejects."""
+    for seed in range(5000, 5000 + attempts):
         switches, store = make()
-        outcome = await run_schedule(tmp_path, 5000 + seed, switches=switches, store=store)
-        if outcome.mismatches:
+        if schedule(tmp_path, seed, switches=switches, store=store).mismatches:
             return seed
     return None
 
 
-async def test_oracle_fails_without_compensation(tmp_path):
-    assert await first_failure(tmp_path, lambda: (Switches(compensation=False), None)) is not None
+def test_oracle_fails_without_compensation(tmp_path):
+    seed = first_failure(tmp_path, lambda: (Switches(compensation=False), None))
+    assert seed is not None
+    assert schedule(tmp_path, seed).mismatches == []  # the failure is the switch's
 
 
-async def test_oracle_fails_without_retention(tmp_path):
-    assert await first_failure(tmp_path, lambda: (Switches(retention=False), None)) is not None
+def test_oracle_fails_without_retention(tmp_path):
+    seed = first_failure(tmp_path, lambda: (Switches(retention=False), None))
+    assert seed is not None
+    assert schedule(tmp_path, seed).mismatches == []
 
 
-async def test_oracle_fails_without_signed_counts(tmp_path):
-    seed = await first_failure(tmp_path, lambda: (Switches(), ClampingStore()))
+def test_oracle_fails_without_signed_counts(tmp_path):
+    seed = first_failure(tmp_path, lambda: (Switches(), ClampingStore()))
     assert seed is not None
     # the same schedule with signed counts is right: the failure is the clamping's
-    outcome = await run_schedule(tmp_path, 5000 + seed, store=ClampingStoreOff())
+    outcome = schedule(tmp_path, seed, store=ClampingStoreOff())
     assert not outcome.mismatches, outcome.mismatches
 
 
@@ -225,6 +341,6 @@ class ClampingStoreOff(ClampingStore):
     """The same bookkeeping with signed counts kept: must pass where clamping failed."""
 
     def commit(self, view, effects) -> None:
-        MemoryStore.commit(self, view, effects)
+        RecordingStore.commit(self, view, effects)
         for effect in effects:
             self.current[view].add_all(effect.delta)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -75,6 +76,14 @@ def is_transient(exc: BaseException) -> bool:
     return not isinstance(exc, NEEDS_A_PERSON)
 
 
+async def run_blocking(executor: Executor | None, function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` off the event loop: on ``executor``, or on a worker thread when it is
+    None (``asyncio.to_thread``). A store call may take seconds (a Spark job)."""
+    if executor is None:
+        return await asyncio.to_thread(function, *args)
+    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+
 def always(exc: BaseException) -> bool:
     """Faults of the catalog, the backbone of recovery: retried whatever they are."""
     return True
@@ -120,13 +129,16 @@ class ViewMaintainer:
         db: Callable[..., Awaitable[Any]],
         on_state: Callable[[str, str, str | None], Awaitable[None]],
         store_types: Sequence[str | None] = (),
+        store_executor: Executor | None = None,
     ) -> None:
+        """``store_executor``: where store calls run (``run_blocking``); None: worker threads."""
         self.name = name
         self.store_types = tuple(store_types)  # the view columns' store types, to explain a refused commit
         self.plan = plan
         self.settings = settings
         self.protocol = protocol
         self.store = store
+        self.store_executor = store_executor
         self.db = db  # runs a catalog method on the catalog thread
         self.on_state = on_state
         self.view_change = ViewChange(plan, protocol, sources)
@@ -383,7 +395,7 @@ class ViewMaintainer:
         repeated: the store skips orders it holds, W only grows, the record is the same."""
         effects = [Effect(o, self._ready[o]) for o in group if self._ready[o]]
         if effects:
-            await asyncio.to_thread(self.store.commit, self.name, effects)
+            await run_blocking(self.store_executor, self.store.commit, self.name, effects)
         watermark = self.protocol.mark_committed(group)
         await self.db("commit_units", self.name, group, watermark)
         return len(effects)
@@ -425,7 +437,7 @@ class ViewMaintainer:
         """Point readers at W if the store shows an older one (also after a failed publish)."""
         watermark = self.protocol.watermark
         if self._published < watermark:
-            await asyncio.to_thread(self.store.publish, self.name, watermark)
+            await run_blocking(self.store_executor, self.store.publish, self.name, watermark)
             self._published = watermark
 
     # -- quiescence ------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 Everything runs on one asyncio loop; catalog calls run on one dedicated thread (``db``) so
 an embedded SQLite catalog never sees concurrent writers, and view store calls run in
-worker threads (Spark jobs take their time). The HTTP API (``api/manager_app.py``) and the
-tests drive this object directly.
+worker threads (Spark jobs take their time). A ``blocking_executor`` given to the
+constructor takes all of them instead: the simulated schedules run them inline, so that
+nothing but the event loop decides the interleaving. The HTTP API (``api/manager_app.py``)
+and the tests drive this object directly.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -27,7 +29,7 @@ from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
 from warehouse.health import StoreProbe
-from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings
+from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
@@ -124,6 +126,7 @@ class Manager:
         seq_window: int = DEFAULT_SEQ_WINDOW,
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
+        blocking_executor: Executor | None = None,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -133,7 +136,11 @@ class Manager:
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
         asked; ``max_verifications``: verifications run at once over all views
-        (``warehouse.verify``)."""
+        (``warehouse.verify``).
+
+        ``blocking_executor``: runs every blocking call (the catalog's, the store's,
+        checking received batches) instead of the threads that run them by default; the
+        simulated schedules run them inline on the event loop, so that a seed replays."""
         self.catalog_url = catalog_url
         self.catalog_key_file = catalog_key_file
         self.store = store  # None until start() is given one
@@ -155,8 +162,15 @@ class Manager:
         self.relations: dict[str, dict[str, RelationInfo]] = {}
         self.wrapper_urls: dict[str, str] = {}
         self.views: dict[str, ViewHandle] = {}
-        self.receiver = Receiver(self.db, self._release, self._receiver_schema, window=seq_window)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="catalog")
+        self.blocking_executor = blocking_executor
+        self.receiver = Receiver(
+            self.db,
+            self._release,
+            self._receiver_schema,
+            window=seq_window,
+            run_off_loop=None if blocking_executor is None else self._blocking,
+        )
+        self._executor = blocking_executor or ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
 
@@ -171,6 +185,10 @@ class Manager:
         assert self.catalog is not None
         fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def _blocking(self, function: Callable[..., Any], *args: Any) -> Any:
+        """A store call (or another blocking one) off the loop: ``blocking_executor`` or a worker thread."""
+        return await run_blocking(self.blocking_executor, function, *args)
 
     async def start(self, store: ViewStore | None = None) -> None:
         """Open the catalog and recover every view; ``store``: the view store, if the
@@ -241,7 +259,8 @@ class Manager:
             await client.aclose()
         if self.catalog is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self.catalog.close)
-        self._executor.shutdown(wait=True)
+        if self._executor is not self.blocking_executor:  # the caller's is the caller's to shut down
+            self._executor.shutdown(wait=True)
 
     # -- sources ----------------------------------------------------------------------------
     async def add_source(
@@ -360,7 +379,7 @@ class Manager:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
                 await self.db("add_view", info)
-                await asyncio.to_thread(self._store.create, plan.name, plan.output_names, types)
+                await self._blocking(self._store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
                 raise
@@ -375,7 +394,7 @@ class Manager:
         await handle.maintainer.stop()
         del self.views[name]
         await self.db("drop_view", name)
-        await asyncio.to_thread(self._store.drop, name)
+        await self._blocking(self._store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
 
@@ -411,6 +430,7 @@ class Manager:
             self.db,
             self._set_state,
             store_types=self._output_types(plan),
+            store_executor=self.blocking_executor,
         )
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
@@ -572,7 +592,7 @@ class Manager:
         pinned = None if latest else (watermark if as_of is None else as_of)
         record = getattr(self.store, "record", None)
         if self.analysts is None or record is None:
-            rows = sorted(await asyncio.to_thread(self.read_rows, name, pinned, latest), key=row_order)
+            rows = sorted(await self._blocking(self.read_rows, name, pinned, latest), key=row_order)
             return watermark, pinned, len(rows), [list(r) for r in rows[offset : offset + limit]]
         try:
             # only the Spark store keeps a record (it cannot be imported here to check: pyspark)
