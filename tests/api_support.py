@@ -140,6 +140,19 @@ def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
 SCHEMATHESIS_EXAMPLES = 30
 
 
+def schemathesis_settings(examples: int) -> settings:
+    """Hypothesis settings of every schemathesis run: ``examples`` requests per operation and
+    mode, derandomized (CI sends the same requests every time), no deadline, no database."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+
+
 def exercise(
     operation: Any, mode: Any, live: LiveManager, statuses: Counter[int], path_parameters: dict[str, str] | None = None
 ) -> None:
@@ -149,14 +162,7 @@ def exercise(
     that exists, so the rest of the request reaches past the 404)."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=SCHEMATHESIS_EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @schemathesis_settings(SCHEMATHESIS_EXAMPLES)
     def run(case) -> None:
         case.headers = {**(case.headers or {}), **live.auth("admin")}  # roles are tested on their own
         if path_parameters and case.path_parameters:

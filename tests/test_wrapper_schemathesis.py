@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from pvm.wrapper_process import WrapperProcess, start_wrapper
+from tests.api_support import schemathesis_settings
 from tests.fake_manager import FakeManager
 
 EXAMPLES = 40
@@ -65,14 +66,7 @@ def test_no_wrapper_operation_answers_5xx(tmp_path: Path, capture: str) -> None:
 
 def _exercise(operation, mode, url: str, statuses: Counter) -> None:
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @schemathesis_settings(EXAMPLES)
     def run(case) -> None:
         token = APPLICATION_TOKEN if case.path == "/v1/changes" else MANAGER_TOKEN
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}  # tokens are tested on their own
