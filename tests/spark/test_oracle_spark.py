@@ -14,7 +14,7 @@ from warehouse.store.spark import SparkStore
 async def test_schedule_matches_recomputation_on_spark(spark, tmp_path, seed):
     store = SparkStore(spark, tmp_path / "spark")
     try:
-        outcome = await run_schedule(tmp_path, 300 + seed, store=store, transactions=16)
+        outcome = await run_schedule(tmp_path, 300 + seed, store=store, transactions=16, inline=False)
         assert not outcome.mismatches, "\n".join(outcome.mismatches)
         assert len(store.views()) == 2
     finally:
