@@ -172,7 +172,10 @@ async def test_a_query_past_its_time_stops_running(
 
             await wait_until(stopped, GRACE_S + 60, "the query's work stopped")
             if small_analysts.restarts > restarts:
-                assert "exited with code 71" in (small_analysts.last_exit or ""), small_analysts.last_exit
+                # ended by its own reaper (exit 71), or, on a machine too busy for the reaper
+                # to look in time, by the manager once the grace period after the cancel passed
+                why = small_analysts.last_exit or ""
+                assert "exited with code 71" in why or "after it was cancelled" in why, why
             await settle(manager, spark_store, view)
             started = time.monotonic()
             answer = await api.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
