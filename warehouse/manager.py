@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from contract import expr
 from contract.column_types import spark_type
@@ -37,9 +37,6 @@ from warehouse.sources import HttpSourceClient, SourceClient
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
-
-if TYPE_CHECKING:
-    from warehouse.store.spark import SparkStore
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +173,7 @@ class Manager:
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
-    def _store(self) -> ViewStore:
+    def view_store(self) -> ViewStore:
         """The view store; views exist only once ``start`` has one."""
         assert self.store is not None, "the manager has not started"
         return self.store
@@ -364,12 +361,10 @@ class Manager:
         async with self._define_lock:
             if plan.name in self.views:
                 raise ManagerError(f"view {plan.name!r} already exists", 409)
-            check = getattr(self.store, "check_new_view", None)  # names the store can live with
-            if check is not None:
-                try:
-                    check(plan.name, plan.output_names, types)
-                except StoreError as exc:
-                    raise ManagerError(str(exc), 422) from exc
+            try:  # names and columns the store can live with
+                self.view_store.check_new_view(plan.name, plan.output_names, types)
+            except StoreError as exc:
+                raise ManagerError(str(exc), 422) from exc
             info = ViewInfo(
                 plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time()
             )
@@ -379,7 +374,7 @@ class Manager:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
                 await self.db("add_view", info)
-                await self._blocking(self._store.create, plan.name, plan.output_names, types)
+                await self._blocking(self.view_store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
                 raise
@@ -394,7 +389,7 @@ class Manager:
         await handle.maintainer.stop()
         del self.views[name]
         await self.db("drop_view", name)
-        await self._blocking(self._store.drop, name)
+        await self._blocking(self.view_store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
 
@@ -425,7 +420,7 @@ class Manager:
             plan,
             settings,
             protocol,
-            self._store,
+            self.view_store,
             self.clients,
             self.db,
             self._set_state,
@@ -564,7 +559,7 @@ class Manager:
                 f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422
             )
         try:
-            return self._store.read(
+            return self.view_store.read(
                 name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
             )
         except StoreError as exc:
@@ -590,17 +585,15 @@ class Manager:
         if as_of is not None and as_of > watermark:
             raise ManagerError(f"as_of {as_of} is beyond the view's watermark {watermark}", 422)
         pinned = None if latest else (watermark if as_of is None else as_of)
-        record = getattr(self.store, "record", None)
-        if self.analysts is None or record is None:
+        if self.analysts is None or self.view_store.engine != "spark":
             rows = sorted(await self._blocking(self.read_rows, name, pinned, latest), key=row_order)
             return watermark, pinned, len(rows), [list(r) for r in rows[offset : offset + limit]]
         try:
-            # only the Spark store keeps a record (it cannot be imported here to check: pyspark)
-            cast("SparkStore", self.store).check_as_of(name, pinned)
-            meta = record(name)
+            self.view_store.check_as_of(name, pinned)
+            record = self.view_store.record(name)
         except StoreError as exc:
             raise ManagerError(str(exc), 422) from exc
-        page = await self.analysts.rows(meta.to_record(), pinned, offset, limit, who)
+        page = await self.analysts.rows(record.to_record(), pinned, offset, limit, who)
         return watermark, pinned, page.total, page.rows
 
     def status(self, name: str) -> dict[str, Any]:

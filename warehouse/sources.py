@@ -128,7 +128,7 @@ class HttpSourceClient:
         payload = await self._call("PUT", "/v1/interest", interest.model_dump_json())
         return InterestAck.model_validate_json(payload).boundary
 
-    async def health(self, timeout: float = 2.0) -> dict:
+    async def health(self, timeout: float = 2.0) -> dict[str, Any]:
         """The wrapper's ``/v1/health``, asked once without retries (for status pages)."""
         async with self._http().get(
             self._base + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)

@@ -54,6 +54,7 @@ from warehouse.recompute import recompute
 from warehouse.store.base import StoreError
 
 if TYPE_CHECKING:
+    from warehouse.analysts.supervisor import AnalystProcess
     from warehouse.manager import Manager, ViewHandle
 
 __all__ = ["Report", "SourceCut", "Verifications", "VerifyError", "differences", "reflected_seqs", "verify_view"]
@@ -226,22 +227,22 @@ async def verify_view(manager: Manager, name: str, max_differences: int = 20, wh
         return await _verify(manager, name, max_differences, who)
 
 
-def _engine(manager: Manager) -> str:
-    """Where the recomputation and the comparison run: "spark" (the analysts' query process)
-    or "python" (in the manager, for a store held in this process)."""
-    if manager.analysts is not None and hasattr(manager.store, "record"):
-        return "spark"
-    if getattr(manager.store, "spark", None) is None:
-        return "python"
-    raise VerifyError(
-        "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)",
-        501,
-    )
+def _analysts(manager: Manager) -> AnalystProcess | None:
+    """Where the recomputation and the comparison run: the analysts' query process for a
+    store of engine "spark", None (in the manager) for a store held in this process."""
+    if manager.view_store.engine == "python":
+        return None
+    if manager.analysts is None:
+        raise VerifyError(
+            "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)",
+            501,
+        )
+    return manager.analysts
 
 
 async def _verify(manager: Manager, name: str, max_differences: int, who: str) -> Report:
     started = time.perf_counter()
-    engine = _engine(manager)
+    analysts = _analysts(manager)
     for attempt in range(ATTEMPTS):
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
@@ -250,7 +251,7 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
             raise VerifyError(f"view {name!r} is still being initialized; verify it once it is active")
         watermark = handle.maintainer.protocol.watermark
         contents, cuts = await _relations_as_of(manager, name, handle, watermark)
-        if engine == "python":
+        if analysts is None:
             report = await asyncio.to_thread(
                 _compare_here, manager, name, handle.plan, contents, watermark, max_differences
             )
@@ -258,14 +259,14 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
         # Taken after the sources were read, so that its files are kept (a compaction retires
         # them only after the query timeout) for as long as the query process may read them.
         try:
-            record = manager.store.record(name)  # type: ignore[union-attr]
+            record = manager.view_store.record(name)
         except StoreError as exc:  # dropped meanwhile
             raise VerifyError(str(exc), 404) from exc
         if record.compacted_through <= watermark:
             request = await asyncio.to_thread(
                 _request, handle.plan, contents, record.to_record(), watermark, max_differences
             )
-            result = await manager.analysts.verify(request, who)  # type: ignore[union-attr]
+            result = await analysts.verify(request, who)
             report = Report(
                 view=name,
                 columns=list(handle.plan.output_names),
