@@ -239,14 +239,14 @@ async def test_restart_recovers_running_and_queued_units(tmp_path):
     await queue_workload(manager, sources, 14)
     await asyncio.sleep(0.05)
     assert not manager.view("v").maintainer.protocol.quiet  # work in flight
-    at_crash = await manager.db("units", "v")
+    at_crash = await manager.db(Catalog.units, "v")
     assert any(not u.committed for u in at_crash)
     await manager.stop()  # a crash: running units never commit
 
     manager2, _ = await start_sim_manager(catalog, TABLES, store=store, sources=sources)
     try:
         assert await converged(manager2, sources)
-        units = await manager2.db("units", "v")
+        units = await manager2.db(Catalog.units, "v")
         assert [u.order for u in units] == list(range(1, len(units) + 1))
         assert all(u.committed for u in units)
         assert not manager2.read("v").has_negative()
@@ -396,9 +396,9 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
         with pytest.raises(ManagerError, match="no captured table.*nope.*captures: T") as info:
             await manager.add_source("c", "http://c.invalid", capture="timestamp", tables=["nope"])
         assert info.value.status == 422
-        assert "c" not in manager.clients and await manager.db("sources") == {}  # nothing registered
+        assert "c" not in manager.clients and await manager.db(Catalog.sources) == {}  # nothing registered
         await manager.add_source("c", "http://c.invalid", capture="timestamp")
-        assert (await manager.db("sources"))["c"].capture == "timestamp"
+        assert (await manager.db(Catalog.sources))["c"].capture == "timestamp"
     finally:
         await manager.stop()
 
@@ -414,7 +414,7 @@ async def test_restart_publishes_the_watermark_the_catalog_recorded(tmp_path):
     sources["b"].load("S", [(1, 10)])
     await manager.define_view(VIEW, "v")
     await until(store.publish_waiting.is_set)
-    assert [u.committed for u in await manager.db("units", "v")] == [True]
+    assert [u.committed for u in await manager.db(Catalog.units, "v")] == [True]
     assert manager.status("v")["state"] == "initializing"
     await manager.stop()
     store.abandon_held = True

@@ -192,8 +192,8 @@ async def check_view(manager: Manager, view: str, sources: dict[str, SimSource],
     plan, bases = handle.plan, handle.bases
     assert handle.maintainer.failed is None, handle.maintainer.failed
     columns = {(s, t): cols for s, src in sources.items() for t, cols in src.tables.items()}
-    units = await manager.db("units", view)
-    entries = {e.id: e for e in await manager.db("log_entries", None, 0, [i for u in units for i in u.log_ids])}
+    units = await manager.db(Catalog.units, view)
+    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, [i for u in units for i in u.log_ids])}
     watermark = manager.watermark(view)
     mismatches = []
     if watermark != len(units) or not all(u.committed for u in units):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from contract import expr
 from contract.column_types import spark_type
@@ -39,6 +39,8 @@ from warehouse.store import StoreError, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SOURCE_WATCH_S = 10.0
 """How often the manager asks every wrapper for its health (``Manager._watch_sources``)."""
@@ -178,9 +180,11 @@ class Manager:
         assert self.store is not None, "the manager has not started"
         return self.store
 
-    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def db(self, method: Callable[Concatenate[Catalog, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``method`` of the catalog, run on the catalog's one thread: ``await
+        self.db(Catalog.units, view)`` (a ``CatalogCall``)."""
         assert self.catalog is not None
-        fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
+        fn = functools.partial(method, self.catalog, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def _blocking(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -197,13 +201,13 @@ class Manager:
         self.store_probe = StoreProbe(self.store.health)
         loop = asyncio.get_running_loop()
         self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url, self.catalog_key_file)
-        for name, info in (await self.db("sources")).items():
+        for name, info in (await self.db(Catalog.sources)).items():
             if info.manager_token:
                 self.manager_tokens[name] = info.manager_token
             self._register_source(name, info.wrapper_url, info.relations)
-            self.receiver.recover(name, await self.db("log_entries", name, 0))
-        for info in (await self.db("views")).values():
-            await self._recover_view(info)
+            self.receiver.recover(name, await self.db(Catalog.log_entries, name, 0))
+        for view in (await self.db(Catalog.views)).values():
+            await self._recover_view(view)
         # Resend the views' interest in the background: a wrapper may be busy resending
         # updates to this very manager, which only answers once start() has returned.
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
@@ -306,7 +310,7 @@ class Manager:
             for t, s in schema.items()
             if tables is None or t in tables
         }
-        await self.db("add_source", name, wrapper_url, capture, list(relations.values()), manager_token)
+        await self.db(Catalog.add_source, name, wrapper_url, capture, list(relations.values()), manager_token)
         self.clients[name] = client
         self.relations[name] = relations
         self.wrapper_urls[name] = wrapper_url
@@ -373,7 +377,7 @@ class Manager:
             try:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
-                await self.db("add_view", info)
+                await self.db(Catalog.add_view, info)
                 await self._blocking(self.view_store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
@@ -388,7 +392,7 @@ class Manager:
         handle = self.view(name)
         await handle.maintainer.stop()
         del self.views[name]
-        await self.db("drop_view", name)
+        await self.db(Catalog.drop_view, name)
         await self._blocking(self.view_store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
@@ -434,7 +438,7 @@ class Manager:
         if handle is None:
             return
         handle.info.state, handle.info.error = state, error
-        await self.db("update_view", view, state=state, error=error)
+        await self.db(Catalog.update_view, view, state=state, error=error)
 
     async def _recover_view(self, info: ViewInfo) -> None:
         """Rebuild a view's protocol state from the catalog after a restart. A view recorded
@@ -443,7 +447,7 @@ class Manager:
         protocol = ViewProtocol(info.parallelism, info.batch_size, switches=self.switches)
         handle = self._new_handle(info, plan, protocol)
         handle.bases = info.bases
-        units = await self.db("units", info.name)
+        units = await self.db(Catalog.units, info.name)
         committed = {u.order for u in units if u.committed}
         protocol.mark_committed(committed)
         pending = [u for u in units if not u.committed]
@@ -454,7 +458,7 @@ class Manager:
         entries = {
             e.id: e
             for start in range(0, len(ids), LOG_IDS_PER_READ)
-            for e in await self.db("log_entries", None, 0, ids[start : start + LOG_IDS_PER_READ])
+            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
         }
         protocol.next_order = max((u.order + 1 for u in units), default=protocol.next_order)
         rebuilt: list[Unit] = []
@@ -484,7 +488,7 @@ class Manager:
         receiver (not held behind a gap) and in no unit (``skip``: log ids in units), in
         arrival order: the UMQ rebuilt after a restart, or read back when a paused or
         failed view resumes."""
-        entries = [e for source, seq in after.items() for e in await self.db("log_entries", source, seq)]
+        entries = [e for source, seq in after.items() for e in await self.db(Catalog.log_entries, source, seq)]
         released = {source: self.receiver.released_through(source) for source in after}
         updates = []
         for entry in sorted(entries, key=lambda e: e.id):

@@ -48,7 +48,7 @@ from contract.schemas import Subquery
 from contract.zset import Row, ZSet
 from warehouse.analysts.messages import VerifyRelation, VerifyRequest
 from warehouse.analysts.verification import differences
-from warehouse.catalog.db import LogEntry, UnitInfo
+from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
 from warehouse.store.base import StoreError
@@ -298,9 +298,9 @@ async def _relations_as_of(
     """Every relation of the view in the state the view claims to reflect as of
     ``watermark``: its wrapper's snapshot, minus the logged updates after the view's cut."""
     plan, bases = handle.plan, dict(handle.bases or {})
-    units = [u for u in await manager.db("units", name) if u.order <= watermark]
+    units = [u for u in await manager.db(Catalog.units, name) if u.order <= watermark]
     ids = [i for u in units for i in u.log_ids]
-    entries = {e.id: e for e in await manager.db("log_entries", None, 0, ids)} if ids else {}
+    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, ids)} if ids else {}
     upto = reflected_seqs(units, entries, bases, watermark)
 
     contents: dict[tuple[str, str], ZSet] = {}
@@ -317,7 +317,7 @@ async def _relations_as_of(
         answer = await manager.clients[r.source].subquery(request)
         snapshot = ZSet((tuple(row[1:-1]), int(row[-1])) for row in answer.rows)
         since = upto.get(r.source, 0)
-        later = [e for e in await manager.db("log_entries", r.source, since) if e.seq <= answer.watermark]
+        later = [e for e in await manager.db(Catalog.log_entries, r.source, since) if e.seq <= answer.watermark]
 
         def delta_of(entry: LogEntry, position: int = position) -> ZSet | None:
             update = handle.extractor(entry)

@@ -12,6 +12,7 @@ from api.manager_models import (
 )
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN, ANALYST
+from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager, ManagerError
 
 
@@ -20,7 +21,7 @@ def router_for(manager: Manager) -> APIRouter:
 
     async def describe(name: str, capture: str | None = None, health: bool = False) -> SourceOut:
         if capture is None:
-            info = (await manager.db("sources")).get(name)
+            info = (await manager.db(Catalog.sources)).get(name)
             capture = info.capture if info is not None else "unknown"
         received = manager.receiver.status(name)
         out = SourceOut(
@@ -62,7 +63,7 @@ def router_for(manager: Manager) -> APIRouter:
         responses=errors(*AUTH),
     )
     async def list_sources(_: Principal = Depends(ANALYST)) -> list[SourceOut]:
-        infos = await manager.db("sources")
+        infos = await manager.db(Catalog.sources)
         return [await describe(n, infos[n].capture if n in infos else None) for n in sorted(manager.clients)]
 
     @router.get(

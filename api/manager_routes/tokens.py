@@ -14,7 +14,7 @@ from api.manager_models import (
 )
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN
-from warehouse.catalog.db import CatalogError
+from warehouse.catalog.db import Catalog, CatalogError
 from warehouse.manager import Manager, ManagerError
 
 
@@ -58,7 +58,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
         responses=errors(*AUTH),
     )
     async def list_tokens(_: Principal = Depends(ADMIN)) -> list[TokenOut]:
-        return [out(t) for t in await manager.db("tokens")]
+        return [out(t) for t in await manager.db(Catalog.tokens)]
 
     @router.delete(
         "/v1/tokens/{token_id}",
@@ -69,7 +69,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
     )
     async def revoke_token(token_id: int = Path(ge=1, le=2**62), _: Principal = Depends(ADMIN)) -> TokenOut:
         try:
-            info = await manager.db("revoke_token", token_id)
+            info = await manager.db(Catalog.revoke_token, token_id)
         except CatalogError as exc:
             raise ManagerError(str(exc), 404) from exc
         app.state.auth.remember(info)
