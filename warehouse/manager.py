@@ -28,12 +28,13 @@ from contract.zset import ZSet, row_order
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
+from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
-from warehouse.sources import HttpSourceClient, SourceClient
+from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
@@ -46,14 +47,6 @@ SOURCE_WATCH_S = 10.0
 """How often the manager asks every wrapper for its health (``Manager._watch_sources``)."""
 
 Connect = Callable[[str, str], SourceClient]
-
-
-class ManagerError(ValueError):
-    """A request the manager refuses; ``status`` is the HTTP status the API answers with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
@@ -275,11 +268,11 @@ class Manager:
         """Register a source; ``manager_token`` is the bearer token its wrapper expects from
         the manager (the wrapper's ``--manager-token``), kept in the catalog."""
         if not _identifier(name):
-            raise ManagerError(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
+            raise Refused(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
         if name in self.clients:
-            raise ManagerError(f"source {name!r} is already registered", 409)
+            raise Conflict(f"source {name!r} is already registered")
         if capture not in CAPTURE_METHODS:
-            raise ManagerError(f"unknown capture method {capture!r}: choose one of {', '.join(CAPTURE_METHODS)}", 422)
+            raise Invalid(f"unknown capture method {capture!r}: choose one of {', '.join(CAPTURE_METHODS)}")
         if manager_token:
             self.manager_tokens[name] = manager_token
         client = self.connect(name, wrapper_url)
@@ -288,22 +281,20 @@ class Manager:
             schema = await client.schema()
         except Exception as exc:
             await client.aclose()
-            raise ManagerError(f"could not read the schema of source {name!r} at {wrapper_url}: {exc}", 502) from exc
+            raise SourceError(f"could not read the schema of source {name!r} at {wrapper_url}: {exc}") from exc
         unknown = sorted(set(tables or ()) - set(schema))
         if unknown:
             await client.aclose()
-            raise ManagerError(
+            raise Invalid(
                 f"source {name!r} has no captured table(s) {', '.join(unknown)} (the wrapper at {wrapper_url} "
-                f"captures: {', '.join(sorted(schema)) or 'none'})",
-                422,
+                f"captures: {', '.join(sorted(schema)) or 'none'})"
             )
         reported = await _reported_capture(client, name)
         if reported is not None and reported != capture:
             await client.aclose()
-            raise ManagerError(
+            raise Invalid(
                 f"source {name!r}: capture {capture!r} was given, but the wrapper at {wrapper_url} reports capture "
-                f"method {reported!r}; register it with capture {reported!r}",
-                422,
+                f"method {reported!r}; register it with capture {reported!r}"
             )
         relations = {
             t: RelationInfo(name, t, s.columns, s.types, s.primary_key)
@@ -352,23 +343,23 @@ class Manager:
         commit_mode: str = "out_of_order",
     ) -> ViewInfo:
         if not 1 <= parallelism <= 256:
-            raise ManagerError("parallelism must be between 1 and 256", 422)
+            raise Invalid("parallelism must be between 1 and 256")
         if not 1 <= batch_size <= 10_000:
-            raise ManagerError("batch_size must be between 1 and 10000", 422)
+            raise Invalid("batch_size must be between 1 and 10000")
         if commit_mode not in COMMIT_MODES:
-            raise ManagerError(f"commit_mode must be one of {', '.join(COMMIT_MODES)}", 422)
+            raise Invalid(f"commit_mode must be one of {', '.join(COMMIT_MODES)}")
         try:
             plan = parse_view(sql, self._schema, name)
         except ViewDefinitionError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
         types = self._output_types(plan)
         async with self._define_lock:
             if plan.name in self.views:
-                raise ManagerError(f"view {plan.name!r} already exists", 409)
+                raise Conflict(f"view {plan.name!r} already exists")
             try:  # names and columns the store can live with
                 self.view_store.check_new_view(plan.name, plan.output_names, types)
             except StoreError as exc:
-                raise ManagerError(str(exc), 422) from exc
+                raise Invalid(str(exc)) from exc
             info = ViewInfo(
                 plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time()
             )
@@ -514,7 +505,7 @@ class Manager:
     def view(self, name: str) -> ViewHandle:
         handle = self.views.get(name)
         if handle is None:
-            raise ManagerError(f"unknown view {name!r}", 404)
+            raise NotFound(f"unknown view {name!r}")
         return handle
 
     # -- interest: what the wrappers must ship -----------------------------------------------------
@@ -559,15 +550,13 @@ class Manager:
         """The view's signed weights as of W (default), a given order, or every commit."""
         handle = self.view(name)
         if as_of is not None and as_of > handle.maintainer.protocol.watermark:
-            raise ManagerError(
-                f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422
-            )
+            raise Invalid(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}")
         try:
             return self.view_store.read(
                 name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
             )
         except StoreError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
 
     def read_rows(self, name: str, as_of: int | None = None, latest: bool = False) -> list[tuple]:
         """What a SQL reader of the view sees (positive rows, each repeated by its weight) as
@@ -587,7 +576,7 @@ class Manager:
         handle = self.view(name)
         watermark = handle.maintainer.protocol.watermark
         if as_of is not None and as_of > watermark:
-            raise ManagerError(f"as_of {as_of} is beyond the view's watermark {watermark}", 422)
+            raise Invalid(f"as_of {as_of} is beyond the view's watermark {watermark}")
         pinned = None if latest else (watermark if as_of is None else as_of)
         if self.analysts is None or self.view_store.engine != "spark":
             rows = sorted(await self._blocking(self.read_rows, name, pinned, latest), key=row_order)
@@ -596,7 +585,7 @@ class Manager:
             self.view_store.check_as_of(name, pinned)
             record = self.view_store.record(name)
         except StoreError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
         page = await self.analysts.rows(record.to_record(), pinned, offset, limit, who)
         return watermark, pinned, page.total, page.rows
 
@@ -708,4 +697,4 @@ def _as_table(e: expr.Expr, alias: str, table: str) -> expr.Expr:
     return expr.substitute(e, {c: expr.Col(table, c.name) for c in expr.columns(e) if c.relation == alias})
 
 
-__all__ = ["CatalogError", "Manager", "ManagerError", "lag_seconds", "view_progress"]
+__all__ = ["CatalogError", "Manager", "lag_seconds", "view_progress"]

@@ -39,7 +39,8 @@ class TableSchema:
 
 class SourceError(Exception):
     """A source refused a request (4xx), or kept failing (5xx) past the retry budget. A
-    transport failure past the budget is raised as aiohttp's error."""
+    transport failure past the budget is raised as aiohttp's error (the manager raises a
+    SourceError for it where a person waits: registering a source)."""
 
 
 class SourceClient(Protocol):

@@ -49,6 +49,7 @@ from contract.zset import Row, ZSet
 from warehouse.analysts.messages import VerifyRelation, VerifyRequest
 from warehouse.analysts.verification import differences
 from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
+from warehouse.errors import Busy, Conflict, NotFound, Unsupported
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
 from warehouse.store.base import StoreError
@@ -57,22 +58,11 @@ if TYPE_CHECKING:
     from warehouse.analysts.supervisor import AnalystProcess
     from warehouse.manager import Manager, ViewHandle
 
-__all__ = ["Report", "SourceCut", "Verifications", "VerifyError", "differences", "reflected_seqs", "verify_view"]
+__all__ = ["Report", "SourceCut", "Verifications", "differences", "reflected_seqs", "verify_view"]
 
 ATTEMPTS = 3  # a compaction may fold W away while the sources are read: the check starts over
 MAX_VERIFICATIONS = 1  # at once over all views of a manager (pvm serve --max-verifications)
 BUSY_RETRY_AFTER_S = 5  # what a refused client hears; a verification takes seconds to minutes
-
-
-class VerifyError(Exception):
-    """The view cannot be verified now (still initializing, failed, too many running, …);
-    ``status`` is the HTTP status to answer with, ``retry_after`` (seconds) when asking again
-    later can succeed."""
-
-    def __init__(self, message: str, status: int = 409, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
 
 
 @dataclass
@@ -190,23 +180,21 @@ class Verifications:
 
     @contextmanager
     def admit(self, view: str) -> Iterator[None]:
-        """Count a verification of ``view`` while the block runs; VerifyError (429, with
+        """Count a verification of ``view`` while the block runs; Busy (with
         ``retry_after``) if one of the view already runs, or ``limit`` of any view do."""
         now = time.monotonic()
         if view in self.running:
-            raise VerifyError(
+            raise Busy(
                 f"a verification of view {view!r} is already running (started {now - self.running[view]:.1f} s "
                 "ago); wait for its answer, then ask again if needed",
-                429,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
         if len(self.running) >= self.limit:
             running = ", ".join(f"{v!r} ({now - t:.0f} s)" for v, t in sorted(self.running.items()))
-            raise VerifyError(
+            raise Busy(
                 f"{len(self.running)} verification(s) already running ({running}), the most this manager runs at "
                 f"once (pvm serve --max-verifications, now {self.limit}); ask again once one has answered",
-                429,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
         self.running[view] = now
         try:
@@ -233,9 +221,8 @@ def _analysts(manager: Manager) -> AnalystProcess | None:
     if manager.view_store.engine == "python":
         return None
     if manager.analysts is None:
-        raise VerifyError(
-            "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)",
-            501,
+        raise Unsupported(
+            "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)"
         )
     return manager.analysts
 
@@ -246,9 +233,9 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
     for attempt in range(ATTEMPTS):
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
-            raise VerifyError(f"view {name!r} has failed ({handle.maintainer.failed}); nothing to verify")
+            raise Conflict(f"view {name!r} has failed ({handle.maintainer.failed}); nothing to verify")
         if handle.bases is None or handle.maintainer.initial_order is not None:
-            raise VerifyError(f"view {name!r} is still being initialized; verify it once it is active")
+            raise Conflict(f"view {name!r} is still being initialized; verify it once it is active")
         watermark = handle.maintainer.protocol.watermark
         contents, cuts = await _relations_as_of(manager, name, handle, watermark)
         if analysts is None:
@@ -261,7 +248,7 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
         try:
             record = manager.view_store.record(name)
         except StoreError as exc:  # dropped meanwhile
-            raise VerifyError(str(exc), 404) from exc
+            raise NotFound(str(exc)) from exc
         if record.compacted_through <= watermark:
             request = await asyncio.to_thread(
                 _request, handle.plan, contents, record.to_record(), watermark, max_differences
@@ -282,10 +269,9 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
             )
             break
         if attempt == ATTEMPTS - 1:
-            raise VerifyError(
+            raise Conflict(
                 f"compactions of view {name!r} kept folding its state as of W while its sources were read; ask again",
-                409,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
     report.sources = cuts
     report.seconds = time.perf_counter() - started

@@ -13,7 +13,8 @@ from api.manager_models import (
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN, ANALYST
 from warehouse.catalog.db import Catalog
-from warehouse.manager import Manager, ManagerError
+from warehouse.errors import NotFound
+from warehouse.manager import Manager
 
 
 def router_for(manager: Manager) -> APIRouter:
@@ -75,7 +76,7 @@ def router_for(manager: Manager) -> APIRouter:
     )
     async def show_source(name: str = Path(max_length=200), _: Principal = Depends(ANALYST)) -> SourceOut:
         if name not in manager.clients:
-            raise ManagerError(f"unknown source {name!r}", 404)
+            raise NotFound(f"unknown source {name!r}")
         return await describe(name, health=True)
 
     return router

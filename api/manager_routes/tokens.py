@@ -15,7 +15,8 @@ from api.manager_models import (
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN
 from warehouse.catalog.db import Catalog, CatalogError
-from warehouse.manager import Manager, ManagerError
+from warehouse.errors import Invalid, NotFound
+from warehouse.manager import Manager
 
 
 def router_for(manager: Manager, app: FastAPI) -> APIRouter:
@@ -45,7 +46,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
         try:
             check_role(body.role, body.source)
         except ValueError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
         info, token = await issue(manager, body.role, body.source, body.name or "")
         app.state.auth.remember(info)
         return TokenCreated(**out(info).model_dump(), token=token)
@@ -71,7 +72,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
         try:
             info = await manager.db(Catalog.revoke_token, token_id)
         except CatalogError as exc:
-            raise ManagerError(str(exc), 404) from exc
+            raise NotFound(str(exc)) from exc
         app.state.auth.remember(info)
         return out(info)
 
