@@ -15,8 +15,8 @@ interleaving in every run, so a failing schedule is replayed by running its test
 Checked after quiescence, for every watermark W the view reached: the view as of W equals
 the view recomputed from the updates ordered <= W applied to the initial contents; and at
 the end every weight is positive and the view equals recomputation from the live sources.
-The last tests switch compensation, retention and signed counts off and require the oracle
-to notice.
+The last tests break compensation, retention (subclasses of ViewProtocol, in tests/sim.py)
+and signed counts (a clamping store) and require the oracle to notice.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from pathlib import Path
 import pytest
 
 from contract.zset import ZSet
-from tests.sim import Delays, SimSource, recompute, start_sim_manager
+from tests.sim import Delays, SimSource, WithoutCompensation, WithoutRetention, recompute, start_sim_manager
 from tests.virtual_time import InlineExecutor, run_in_virtual_time
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
-from warehouse.protocol import Switches
+from warehouse.protocol import ViewProtocol
 from warehouse.store.memory import MemoryStore
 
 SCHEDULES = 200
@@ -121,13 +121,19 @@ def migrated_catalog() -> Path:
     return path
 
 
-def schedule(tmp_path, seed: int, switches: Switches | None = None, store: RecordingStore | None = None) -> Outcome:
+def schedule(
+    tmp_path, seed: int, protocol: type[ViewProtocol] | None = None, store: RecordingStore | None = None
+) -> Outcome:
     """Run schedule ``seed`` on a loop of its own, in virtual time."""
-    return run_in_virtual_time(run_schedule(tmp_path, seed, switches, store))
+    return run_in_virtual_time(run_schedule(tmp_path, seed, protocol, store))
 
 
 async def run_schedule(
-    tmp_path, seed: int, switches: Switches | None = None, store: RecordingStore | None = None, transactions: int = 24
+    tmp_path,
+    seed: int,
+    protocol: type[ViewProtocol] | None = None,
+    store: RecordingStore | None = None,
+    transactions: int = 24,
 ) -> Outcome:
     """The schedule of ``seed``; replays only on a ``VirtualTimeLoop`` (``schedule``)."""
     rng = random.Random(seed)
@@ -137,7 +143,7 @@ async def run_schedule(
     shutil.copy(migrated_catalog(), catalog)
     answers: list[tuple] = []
     manager, sources = await start_sim_manager(
-        catalog, TABLES, store, switches, seed, delays, trace=answers, blocking_executor=InlineExecutor()
+        catalog, TABLES, store, protocol, seed, delays, trace=answers, blocking_executor=InlineExecutor()
     )
     for s in sources.values():
         for t, cols in s.tables.items():
@@ -311,26 +317,26 @@ class ClampingStore(RecordingStore):
 def first_failure(tmp_path, make, attempts: int = 60) -> int | None:
     """The first seed from 5000 on whose schedule the oracle rejects."""
     for seed in range(5000, 5000 + attempts):
-        switches, store = make()
-        if schedule(tmp_path, seed, switches=switches, store=store).mismatches:
+        protocol, store = make()
+        if schedule(tmp_path, seed, protocol=protocol, store=store).mismatches:
             return seed
     return None
 
 
 def test_oracle_fails_without_compensation(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(compensation=False), None))
+    seed = first_failure(tmp_path, lambda: (WithoutCompensation, None))
     assert seed is not None
-    assert schedule(tmp_path, seed).mismatches == []  # the failure is the switch's
+    assert schedule(tmp_path, seed).mismatches == []  # the failure is the broken protocol's
 
 
 def test_oracle_fails_without_retention(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(retention=False), None))
+    seed = first_failure(tmp_path, lambda: (WithoutRetention, None))
     assert seed is not None
     assert schedule(tmp_path, seed).mismatches == []
 
 
 def test_oracle_fails_without_signed_counts(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(), ClampingStore()))
+    seed = first_failure(tmp_path, lambda: (None, ClampingStore()))
     assert seed is not None
     # the same schedule with signed counts is right: the failure is the clamping's
     outcome = schedule(tmp_path, seed, store=ClampingStoreOff())

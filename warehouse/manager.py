@@ -32,7 +32,7 @@ from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
-from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
+from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
@@ -53,10 +53,7 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
     """Age of the oldest update of the view not visible at W: received, but in no unit
     committed at or below W (still queued, running, or maintained above W). 0 when every
     received update is visible."""
-    oldest = protocol.oldest_invisible()
-    if oldest is None:
-        return 0.0
-    return round(max(0.0, (time.time() if now is None else now) - oldest), 3)
+    return protocol.lag_seconds(time.time() if now is None else now)
 
 
 STALL_AFTER_S = 60.0
@@ -77,13 +74,11 @@ def view_progress(handle: ViewHandle) -> dict[str, Any]:
     plus every numbered unit above W), and the age of the oldest update not visible at W
     (``lag_seconds``). The view's status and its gauges take all three from one call, so a
     request computes each once."""
-    protocol = handle.maintainer.protocol
-    running = sum(len(u.updates) for u in (*protocol.ppu.values(), *protocol.waiting.values()))
-    numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
+    progress = handle.maintainer.protocol.progress()
     return {
-        "updates_pending": protocol.queued + running,
-        "lag_updates": protocol.queued + numbered_above_w,
-        "lag_seconds": lag_seconds(protocol),
+        "updates_pending": progress.updates_pending,
+        "lag_updates": progress.lag_updates,
+        "lag_seconds": lag_seconds(handle.maintainer.protocol),
     }
 
 
@@ -108,7 +103,7 @@ class Manager:
         catalog_url: str,
         store: ViewStore | None,
         connect: Connect | None = None,
-        switches: Switches | None = None,
+        protocol: Callable[[int, int], ViewProtocol] = ViewProtocol,
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
         analysts: AnalystProcess | None = None,
@@ -128,7 +123,9 @@ class Manager:
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
         asked; ``max_verifications``: verifications run at once over all views
-        (``warehouse.verify``).
+        (``warehouse.verify``); ``protocol``: makes a view's protocol state from its
+        parallelism and batch size (tests give one broken on purpose, for the oracle to
+        catch).
 
         ``blocking_executor``: runs every blocking call (the catalog's, the store's,
         checking received batches) instead of the threads that run them by default; the
@@ -143,7 +140,7 @@ class Manager:
         self.source_health: dict[str, dict[str, Any]] = {}  # source -> its wrapper's last report
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
-        self.switches = switches or Switches()
+        self.new_protocol = protocol  # (parallelism, batch_size) -> a view's protocol state
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
         self.backoff = backoff or Backoff()
@@ -363,7 +360,7 @@ class Manager:
             info = ViewInfo(
                 plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time()
             )
-            handle = self._new_handle(info, plan, ViewProtocol(parallelism, batch_size, switches=self.switches))
+            handle = self._new_handle(info, plan, self.new_protocol(parallelism, batch_size))
             self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
             try:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
@@ -435,41 +432,37 @@ class Manager:
         """Rebuild a view's protocol state from the catalog after a restart. A view recorded
         failed is tried again: the cause may be gone (a source back, the store restarted)."""
         plan = parse_view(info.sql, self._schema, info.name)
-        protocol = ViewProtocol(info.parallelism, info.batch_size, switches=self.switches)
+        protocol = self.new_protocol(info.parallelism, info.batch_size)
         handle = self._new_handle(info, plan, protocol)
         handle.bases = info.bases
         units = await self.db(Catalog.units, info.name)
-        committed = {u.order for u in units if u.committed}
-        protocol.mark_committed(committed)
-        pending = [u for u in units if not u.committed]
-        oldest = min((u.order for u in pending), default=None)
-        # what the protocol holds: uncommitted units, and committed ones they may compensate with
-        kept = [u for u in units if not u.committed or (oldest is not None and u.order > oldest)]
+        recorded = {u.order: u.committed for u in units}
+        held = ViewProtocol.held_after_restart(recorded)
+        kept = [u for u in units if u.order in held]
         ids = sorted({i for u in kept for i in u.log_ids})
         entries = {
             e.id: e
             for start in range(0, len(ids), LOG_IDS_PER_READ)
             for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
         }
-        protocol.next_order = max((u.order + 1 for u in units), default=protocol.next_order)
-        rebuilt: list[Unit] = []
-        for u in kept:
-            updates = tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None)
-            unit = Unit(u.order, updates, initial=not u.log_ids)
-            if u.committed:
-                protocol.retain(unit)
-            else:
-                rebuilt.append(unit)
+        rebuilt = [
+            Unit(
+                u.order,
+                tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None),
+                initial=not u.log_ids,
+            )
+            for u in kept
+        ]
         in_units = {i for u in units for i in u.log_ids}
-        for update in await self._logged_updates(handle, info.bases, skip=in_units):
-            protocol.receive(update)
+        queued = await self._logged_updates(handle, info.bases, skip=in_units)
+        waiting = protocol.restore(recorded, rebuilt, queued)
         self.views[info.name] = handle
         if info.state == "failed":
             log.warning("view %s had failed before the restart (%s): trying it again", info.name, info.error)
             await self._set_state(info.name, "initializing", None)
         loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
-        handle.maintainer.recover(rebuilt)  # they wait for PPU slots, oldest first
+        handle.maintainer.recover(waiting)  # they wait for PPU slots, oldest first
         handle.maintainer.start()
 
     async def _logged_updates(
@@ -593,6 +586,7 @@ class Manager:
         handle = self.view(name)
         m = handle.maintainer
         c = m.counters
+        progress = m.protocol.progress()
         return {
             "name": name,
             "state": handle.info.state,
@@ -607,10 +601,10 @@ class Manager:
             "retrying": retry_status(m),
             "stalled": self.stalled(handle),
             "no_progress_seconds": round(m.seconds_without_progress(), 3),
-            "updates_queued": m.protocol.queued,
-            "units_running": len(m.protocol.ppu),
-            "units_waiting": len(m.protocol.waiting),
-            "units_retained": len(m.protocol.rpu),
+            "updates_queued": progress.queued,
+            "units_running": progress.running,
+            "units_waiting": progress.waiting,
+            "units_retained": progress.retained,
             **view_progress(handle),
             "counters": {
                 "updates_received": c.updates_received,
