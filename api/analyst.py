@@ -60,7 +60,8 @@ from sqlglot.errors import SqlglotError
 from api.auth import Principal
 from warehouse import sql_bounds
 from warehouse.analysts.supervisor import AnalystError, AnalystProcess
-from warehouse.manager import Manager, ManagerError
+from warehouse.errors import Refused, Unsupported
+from warehouse.manager import Manager
 from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
 
 MAX_QUERY_ROWS = 10_000
@@ -819,7 +820,7 @@ def who(request: Request) -> str:
 def analysts_of(manager: Manager) -> AnalystProcess:
     """The analysts' query process of the manager; 501 without one (the in-process store)."""
     if manager.analysts is None:
-        raise ManagerError("analyst SQL needs the Spark view store (pvm serve --store spark)", 501)
+        raise Unsupported("analyst SQL needs the Spark view store (pvm serve --store spark)")
     return manager.analysts
 
 
@@ -864,7 +865,7 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
     try:  # admitted first, then checked on the analysts' own threads, then run
         result = await analysts.query(body.sql, body.limit, who(request), check=partial(check_query, views=views))
     except QueryRejected as exc:
-        raise ManagerError(str(exc), 400) from exc
+        raise Refused(str(exc)) from exc
     except AnalystError as exc:
         raise analyst_error(exc) from exc
     return QueryOut(columns=result.columns, rows=result.rows, truncated=result.truncated)
@@ -918,14 +919,11 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
 async def verify(name: str, request: Request, body: VerifyIn | None = None) -> dict[str, Any]:
     """Recompute the view from its sources and compare it with the view as of its watermark;
     ``equal`` says whether they match, ``missing``/``extra`` list differing rows."""
-    from warehouse.verify import VerifyError, verify_view
+    from warehouse.verify import verify_view
 
     manager = _manager(request)
     try:
         report = await verify_view(manager, name, (body or VerifyIn()).max_differences, who(request))
-    except VerifyError as exc:
-        headers = None if exc.retry_after is None else {"Retry-After": str(int(exc.retry_after))}
-        raise HTTPException(status_code=exc.status, detail=str(exc), headers=headers) from exc
     except AnalystError as exc:
         raise analyst_error(exc) from exc
     return report.to_dict()

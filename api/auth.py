@@ -61,10 +61,15 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from warehouse.catalog.db import Catalog
+
+if TYPE_CHECKING:
+    from warehouse.manager import Manager
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +188,11 @@ def issue_token(catalog: Any, role: str, source: str | None = None, name: str = 
     return info, format_token(info.id, secret)
 
 
-async def issue(manager: Any, role: str, source: str | None = None, name: str = "") -> tuple[Any, str]:
+async def issue(manager: Manager, role: str, source: str | None = None, name: str = "") -> tuple[Any, str]:
     """``issue_token`` through a started ``Manager`` (on its catalog thread)."""
     check_role(role, source)
     secret = new_secret()
-    info = await manager.db("add_token", role, source, name or _default_name(role, source), hash_secret(secret))
+    info = await manager.db(Catalog.add_token, role, source, name or _default_name(role, source), hash_secret(secret))
     return info, format_token(info.id, secret)
 
 
@@ -444,12 +449,13 @@ def _too_many(wait: float) -> TooManyAttempts:
     )
 
 
-def verifier_for(manager: Any) -> TokenVerifier:
+def verifier_for(manager: Manager) -> TokenVerifier:
     """The token verifier of a manager's catalog: one per process, shared by the HTTP API and
     the Spark Connect gateway, so that a token created or revoked through either counts at
     once for both."""
     return TokenVerifier(
-        lambda after_id: manager.db("tokens", after_id), lambda *replaced: manager.db("replace_token_hash", *replaced)
+        lambda after_id: manager.db(Catalog.tokens, after_id),
+        lambda *replaced: manager.db(Catalog.replace_token_hash, *replaced),
     )
 
 

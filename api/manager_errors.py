@@ -1,5 +1,6 @@
-"""How the manager's API answers errors: each exception type mapped to a status, and every
-error a JSON body ``{"detail": "<message>"}`` (validation errors add ``errors``)."""
+"""How the manager's API answers errors: each exception type mapped to a status (the core's
+refusals by kind, in ``REFUSALS``), and every error a JSON body ``{"detail": "<message>"}``
+(validation errors add ``errors``)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,36 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warehouse.catalog.db import CatalogError
-from warehouse.manager import ManagerError
+from warehouse.errors import Busy, Conflict, Invalid, NotFound, Refused, Unsupported
 from warehouse.receiver import ReceiveError
 from warehouse.sources import SourceError
 
+REFUSALS: dict[type[Refused], int] = {
+    Refused: 400,
+    Invalid: 422,
+    NotFound: 404,
+    Conflict: 409,
+    Busy: 429,
+    Unsupported: 501,
+}
+"""The HTTP status of each kind of refusal (``warehouse.errors``); a ``retry_after`` is sent
+as ``Retry-After``."""
+
+
+def status_of(exc: Refused) -> int:
+    """The status a refusal is answered with: that of its nearest kind in ``REFUSALS``.
+
+    >>> status_of(NotFound("unknown view 'v'")), status_of(Refused("no"))
+    (404, 400)
+    """
+    return next(REFUSALS[kind] for kind in type(exc).__mro__ if kind in REFUSALS)
+
 
 def add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ManagerError)
-    async def _manager_error(request: Request, exc: ManagerError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        headers = None if exc.retry_after is None else {"Retry-After": str(int(exc.retry_after))}
+        return JSONResponse({"detail": str(exc)}, status_code=status_of(exc), headers=headers)
 
     @app.exception_handler(ReceiveError)
     async def _receive_error(request: Request, exc: ReceiveError) -> JSONResponse:

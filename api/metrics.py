@@ -116,6 +116,7 @@ class ManagerCollector(Collector):
             protocol = maintainer.protocol
             c = maintainer.counters
             progress = view_progress(handle)
+            where = protocol.progress()
             for key, value in (
                 ("received", c.updates_received),
                 ("started", c.units_started),
@@ -128,11 +129,11 @@ class ManagerCollector(Collector):
                 ("stalled", 1.0 if m.stalled(handle) else 0.0),
                 ("no_progress", maintainer.seconds_without_progress()),
                 ("pending", progress["updates_pending"]),
-                ("queued", protocol.queued),
-                ("ppu", len(protocol.ppu)),
+                ("queued", where.queued),
+                ("ppu", where.running),
                 ("ppu_size", protocol.parallelism),
-                ("retained", len(protocol.rpu)),
-                ("waiting", len(protocol.waiting)),
+                ("retained", where.retained),
+                ("waiting", where.waiting),
                 ("watermark", protocol.watermark),
                 ("lag_updates", progress["lag_updates"]),
                 ("lag_seconds", progress["lag_seconds"]),

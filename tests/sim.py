@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from contract import expr
 from contract.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
 from contract.zset import ZSet
+from warehouse.protocol import Unit, ViewProtocol
 from warehouse.recompute import recompute  # noqa: F401  (the tests' oracle)
 from warehouse.sources import TableSchema
 
@@ -146,11 +147,28 @@ def evaluate(q: Subquery, columns: tuple[str, ...], contents: ZSet) -> list[list
     return [[*row, w] for row, w in out.items()]
 
 
+class WithoutCompensation(ViewProtocol):
+    """PVM broken on purpose: answers are never compensated (isConcurrent always false)."""
+
+    def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
+        return []
+
+
+class WithoutRetention(ViewProtocol):
+    """PVM broken on purpose: a finished unit leaves at once, never kept in the RPU for the
+    earlier units still running to compensate with."""
+
+    def finish(self, unit: Unit) -> None:
+        super().finish(unit)
+        if self.rpu.pop(unit.order, None) is not None:
+            self.live.discard(unit.updates)
+
+
 async def start_sim_manager(
     catalog_path,
     tables: dict[str, dict[str, tuple[str, ...]]],
     store=None,
-    switches=None,
+    protocol=None,
     seed: int = 0,
     delays: Delays | None = None,
     sources: dict[str, SimSource] | None = None,
@@ -175,7 +193,7 @@ async def start_sim_manager(
         catalog_url or f"sqlite:///{catalog_path}",
         store or MemoryStore(),
         connect=lambda n, u: sources[n],
-        switches=switches,
+        **({"protocol": protocol} if protocol is not None else {}),
         **options,
     )
     await manager.start()

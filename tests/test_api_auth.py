@@ -7,6 +7,7 @@ import pytest
 
 from api.auth import check_secret, parse_token
 from tests.api_support import VIEW, api_env
+from warehouse.catalog.db import Catalog
 
 UPDATE_A = {
     "source": "a",
@@ -81,7 +82,7 @@ async def test_token_created_once_stored_hashed_and_revoked_at_once(env):
     token = created["token"]
     token_id, secret = parse_token(token)
     assert token_id == created["id"]
-    stored = await env.manager.db("token", token_id)
+    stored = await env.manager.db(Catalog.token, token_id)
     assert (
         secret not in stored.hash and check_secret(secret, stored.hash) and not check_secret(secret + "x", stored.hash)
     )

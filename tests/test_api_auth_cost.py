@@ -17,6 +17,7 @@ import pytest
 from api import auth
 from api.auth import AttemptThrottle, TokenVerifier, format_token, hash_secret, issue_token, parse_token
 from tests.api_support import LiveManager, api_env
+from warehouse.catalog.db import Catalog
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ async def test_revocation_stays_immediate(env):
 
     # revoked directly in the catalog (pvm token revoke --data-dir): within the verifier's ttl
     env.app.state.auth.ttl = 0.2
-    await env.manager.db("revoke_token", parse_token(env.tokens["analyst"])[0])
+    await env.manager.db(Catalog.revoke_token, parse_token(env.tokens["analyst"])[0])
     deadline = time.monotonic() + 5
     while (await c.get("/v1/views", headers=env.auth("analyst"))).status_code == 200:
         assert time.monotonic() < deadline, "a revocation in the catalog was never noticed"
@@ -200,11 +201,11 @@ async def test_a_read_begun_before_a_revocation_does_not_undo_it():
 
 async def test_hashes_of_earlier_versions_work_once_slowly_then_fast(env, monkeypatch):
     secret = secrets.token_urlsafe(32)
-    info = await env.manager.db("add_token", "analyst", None, "from an earlier version", pbkdf2_hash(secret))
+    info = await env.manager.db(Catalog.add_token, "analyst", None, "from an earlier version", pbkdf2_hash(secret))
     token = format_token(info.id, secret)
     c = env.client
     assert (await c.get("/v1/views", headers=bearer(token))).status_code == 200
-    stored = (await env.manager.db("token", info.id)).hash
+    stored = (await env.manager.db(Catalog.token, info.id)).hash
     assert stored.startswith("hmac_sha256$") and auth.check_secret(secret, stored)
 
     def no_pbkdf2(*_: object) -> bool:
@@ -217,7 +218,7 @@ async def test_hashes_of_earlier_versions_work_once_slowly_then_fast(env, monkey
 async def test_old_hashes_are_checked_at_a_bounded_rate(env):
     env.app.state.auth.throttle = AttemptThrottle(rate=1e9, burst=10**9)  # many clients, as it were
     secret = secrets.token_urlsafe(32)
-    info = await env.manager.db("add_token", "analyst", None, "old", pbkdf2_hash(secret))
+    info = await env.manager.db(Catalog.add_token, "analyst", None, "old", pbkdf2_hash(secret))
     guess = bearer(format_token(info.id, secrets.token_urlsafe(32)))
     started = time.perf_counter()
     statuses = [(await env.client.get("/v1/views", headers=guess)).status_code for _ in range(20)]

@@ -18,6 +18,7 @@ import pytest
 import migrations
 from api.ingest import read_batch
 from tests.api_support import VIEW, api_env
+from warehouse.catalog.db import Catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,7 +168,7 @@ async def test_malformed_and_out_of_range_bodies_are_4xx(env):
         assert all(w in r.json()["detail"] for w in words.split("|")), (body, r.text)
     r = await c.post("/v1/updates", json=batch(update(2**63 - 1, {"k": 1, "v": "x"})), headers=wrapper)
     assert r.status_code == 422 and "too far ahead" in r.json()["detail"]  # in range, but beyond the window
-    assert env.manager.receiver.released_through("a") == 0 and await env.manager.db("log_entries", "a", 0) == []
+    assert env.manager.receiver.released_through("a") == 0 and await env.manager.db(Catalog.log_entries, "a", 0) == []
 
 
 # -- seqs resent with other content, seqs far ahead ----------------------------------------------
@@ -192,8 +193,8 @@ async def test_a_seq_resent_with_other_content_is_refused(env):
         r = await c.post("/v1/updates", json=body, headers=wrapper)
         assert r.status_code == 409 and f"seq {seq} " in r.json()["detail"], r.text
     # nothing of a refused batch was stored: seq 2 is still missing
-    assert [e.seq for e in await env.manager.db("log_entries", "a", 0)] == [1, 3]
-    logged = {e.seq: e.changes for e in await env.manager.db("log_entries", "a", 0)}
+    assert [e.seq for e in await env.manager.db(Catalog.log_entries, "a", 0)] == [1, 3]
+    logged = {e.seq: e.changes for e in await env.manager.db(Catalog.log_entries, "a", 0)}
     assert logged[1][0]["row"] == {"k": 1, "v": "x"} and logged[3][0]["row"] == {"k": 3, "v": "z"}
     assert (await c.post("/v1/updates", json=batch(update(2, {"k": 2, "v": "y"})), headers=wrapper)).json() == {
         "through": 3,
@@ -332,7 +333,7 @@ async def test_a_value_that_does_not_fit_its_column_refuses_the_batch(tmp_path, 
         )
         assert repr(value) not in detail.replace(says, "")  # the kind, not the value
         assert env.manager.receiver.released_through("a") == 1
-        assert [e.seq for e in await env.manager.db("log_entries", "a", 0)] == [1]  # seq 2 neither
+        assert [e.seq for e in await env.manager.db(Catalog.log_entries, "a", 0)] == [1]  # seq 2 neither
         fixed = {**bad, column: GOOD[column]}
         r = await c.post("/v1/updates", json=batch(update(2, GOOD), update(3, fixed)), headers=wrapper)
         assert r.json() == {"through": 3, "held": []}, r.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api_support import VIEW, api_env
+from warehouse.catalog.db import Catalog
 
 
 def update(seq: int, relation: str, row: dict, sign: int = 1, source: str = "a") -> dict:
@@ -36,7 +37,7 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         await env.manager.wait_idle("v")
         before = (await c.get("/v1/views/v/rows", headers=admin)).json()
         assert before["rows"] == [[1, "x", 10], [2, "y", 20]]
-        log_before = await env.manager.db("log_entries", "a", 0)
+        log_before = await env.manager.db(Catalog.log_entries, "a", 0)
 
         json_headers = {**admin, "content-type": "application/json"}
         refused(await c.post("/v1/views", content=b"{not json", headers=json_headers), 400, "malformed JSON")
@@ -99,7 +100,7 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
             "/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "log"}, headers=admin
         )
         refused(r, 422, "capture", "'trigger'", "'timestamp'", "'application'", "'snapshot'")
-        assert "c" not in env.manager.clients and "c" not in await env.manager.db("sources")
+        assert "c" not in env.manager.clients and "c" not in await env.manager.db(Catalog.sources)
         # oversized: declared by Content-Length, or streamed without one
         refused(await c.post("/v1/views", json={"sql": "SELECT " + "x" * 5000}, headers=admin), 413, "4096")
         big = update(base + 2, "R", {"k": 3, "v": "z" * 9000})
@@ -127,7 +128,7 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         )
 
         # nothing accepted before is lost, nothing refused got in, and maintenance goes on
-        assert await env.manager.db("log_entries", "a", 0) == log_before
+        assert await env.manager.db(Catalog.log_entries, "a", 0) == log_before
         assert env.manager.receiver.released_through("a") == base + 1
         assert set(env.manager.views) == {"v"}
         assert (await c.get("/v1/views/v/rows", headers=admin)).json() == before
@@ -157,7 +158,7 @@ async def test_a_wrapper_address_that_is_not_http_is_refused_with_a_hint(tmp_pat
         assert "pattern" not in detail and r.json()["errors"][0]["loc"] == ["body", "wrapper_url"]
         r = await c.post("/v1/sources", json={"name": "c", "wrapper_url": "sqlite:///shop.db"}, headers=admin)
         refused(r, 422, "wrapper_url", "not 'sqlite:///shop.db'", "the source database's URL goes to the wrapper")
-        assert "c" not in env.manager.clients and "c" not in await env.manager.db("sources")
+        assert "c" not in env.manager.clients and "c" not in await env.manager.db(Catalog.sources)
         assert [s["name"] for s in (await c.get("/v1/sources", headers=admin)).json()] == ["a", "b"]
 
 

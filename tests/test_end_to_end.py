@@ -18,6 +18,7 @@ import pytest
 
 from contract.zset import ZSet
 from pvm.local_deployment import LocalDeployment
+from warehouse.catalog.db import Catalog
 from warehouse.recompute import recompute
 
 SOURCES = {
@@ -118,8 +119,8 @@ async def test_real_wrappers_match_recomputation(tmp_path, seed, parallelism, co
         assert manager.view("v").maintainer.failed is None
 
         plan, bases = manager.view("v").plan, manager.view("v").bases
-        units = await manager.db("units", "v")
-        log = {s: await manager.db("log_entries", s, 0) for s in SOURCES}
+        units = await manager.db(Catalog.units, "v")
+        log = {s: await manager.db(Catalog.log_entries, s, 0) for s in SOURCES}
         entries = {e.id: e for s in log for e in log[s]}
         upto = dict(bases)
         checked = 0

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from api.manager_errors import status_of
 from api.metrics import view_progress
 from contract.schemas import Change, Update
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from warehouse.catalog.db import Catalog, NewUpdate, content_digest
-from warehouse.manager import ManagerError
+from warehouse.errors import Refused
 from warehouse.receiver import ReceiveError
 from warehouse.store import StoreError
 from warehouse.store.memory import MemoryStore
@@ -126,21 +127,21 @@ async def test_bad_updates_are_refused_and_nothing_is_lost(two_sources, source, 
 )
 async def test_bad_view_definitions(two_sources, sql, status, message):
     manager, _ = two_sources
-    with pytest.raises(ManagerError, match=message) as info:
+    with pytest.raises(Refused, match=message) as info:
         await manager.define_view(sql, "bad")
-    assert info.value.status == status
+    assert status_of(info.value) == status
     assert "bad" not in manager.views
 
 
 async def test_duplicate_view_and_bad_settings(two_sources):
     manager, _ = two_sources
     await manager.define_view(VIEW, "v")
-    with pytest.raises(ManagerError, match="already exists") as info:
+    with pytest.raises(Refused, match="already exists") as info:
         await manager.define_view(VIEW, "v")
-    assert info.value.status == 409
-    with pytest.raises(ManagerError, match="parallelism"):
+    assert status_of(info.value) == 409
+    with pytest.raises(Refused, match="parallelism"):
         await manager.define_view(VIEW, "w", parallelism=0)
-    with pytest.raises(ManagerError, match="commit_mode"):
+    with pytest.raises(Refused, match="commit_mode"):
         await manager.define_view(VIEW, "w", commit_mode="sometimes")
 
 
@@ -148,7 +149,7 @@ async def test_as_of_beyond_watermark_is_refused(two_sources):
     manager, _ = two_sources
     await manager.define_view(VIEW, "v")
     await manager.wait_idle("v")
-    with pytest.raises(ManagerError, match="beyond the view's watermark"):
+    with pytest.raises(Refused, match="beyond the view's watermark"):
         manager.read("v", as_of=manager.watermark("v") + 5)
 
 
@@ -239,14 +240,14 @@ async def test_restart_recovers_running_and_queued_units(tmp_path):
     await queue_workload(manager, sources, 14)
     await asyncio.sleep(0.05)
     assert not manager.view("v").maintainer.protocol.quiet  # work in flight
-    at_crash = await manager.db("units", "v")
+    at_crash = await manager.db(Catalog.units, "v")
     assert any(not u.committed for u in at_crash)
     await manager.stop()  # a crash: running units never commit
 
     manager2, _ = await start_sim_manager(catalog, TABLES, store=store, sources=sources)
     try:
         assert await converged(manager2, sources)
-        units = await manager2.db("units", "v")
+        units = await manager2.db(Catalog.units, "v")
         assert [u.order for u in units] == list(range(1, len(units) + 1))
         assert all(u.committed for u in units)
         assert not manager2.read("v").has_negative()
@@ -384,21 +385,19 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
     manager.connect = lambda name, url: ReportingSource(name, {"T": ("k", "v")}, random.Random(0), method="timestamp")
     try:
         with pytest.raises(
-            ManagerError, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot"
+            Refused, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot"
         ) as info:
             await manager.add_source("c", "http://c.invalid", capture="log")
-        assert info.value.status == 422
-        with pytest.raises(
-            ManagerError, match="capture 'trigger' was given.*reports capture method 'timestamp'"
-        ) as info:
+        assert status_of(info.value) == 422
+        with pytest.raises(Refused, match="capture 'trigger' was given.*reports capture method 'timestamp'") as info:
             await manager.add_source("c", "http://c.invalid", capture="trigger")
-        assert info.value.status == 422
-        with pytest.raises(ManagerError, match="no captured table.*nope.*captures: T") as info:
+        assert status_of(info.value) == 422
+        with pytest.raises(Refused, match="no captured table.*nope.*captures: T") as info:
             await manager.add_source("c", "http://c.invalid", capture="timestamp", tables=["nope"])
-        assert info.value.status == 422
-        assert "c" not in manager.clients and await manager.db("sources") == {}  # nothing registered
+        assert status_of(info.value) == 422
+        assert "c" not in manager.clients and await manager.db(Catalog.sources) == {}  # nothing registered
         await manager.add_source("c", "http://c.invalid", capture="timestamp")
-        assert (await manager.db("sources"))["c"].capture == "timestamp"
+        assert (await manager.db(Catalog.sources))["c"].capture == "timestamp"
     finally:
         await manager.stop()
 
@@ -414,7 +413,7 @@ async def test_restart_publishes_the_watermark_the_catalog_recorded(tmp_path):
     sources["b"].load("S", [(1, 10)])
     await manager.define_view(VIEW, "v")
     await until(store.publish_waiting.is_set)
-    assert [u.committed for u in await manager.db("units", "v")] == [True]
+    assert [u.committed for u in await manager.db(Catalog.units, "v")] == [True]
     assert manager.status("v")["state"] == "initializing"
     await manager.stop()
     store.abandon_held = True

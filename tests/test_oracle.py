@@ -15,8 +15,8 @@ interleaving in every run, so a failing schedule is replayed by running its test
 Checked after quiescence, for every watermark W the view reached: the view as of W equals
 the view recomputed from the updates ordered <= W applied to the initial contents; and at
 the end every weight is positive and the view equals recomputation from the live sources.
-The last tests switch compensation, retention and signed counts off and require the oracle
-to notice.
+The last tests break compensation, retention (subclasses of ViewProtocol, in tests/sim.py)
+and signed counts (a clamping store) and require the oracle to notice.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from pathlib import Path
 import pytest
 
 from contract.zset import ZSet
-from tests.sim import Delays, SimSource, recompute, start_sim_manager
+from tests.sim import Delays, SimSource, WithoutCompensation, WithoutRetention, recompute, start_sim_manager
 from tests.virtual_time import InlineExecutor, run_in_virtual_time
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
-from warehouse.protocol import Switches
+from warehouse.protocol import ViewProtocol
 from warehouse.store.base import ViewStore
 from warehouse.store.memory import MemoryStore
 
@@ -122,15 +122,17 @@ def migrated_catalog() -> Path:
     return path
 
 
-def schedule(tmp_path, seed: int, switches: Switches | None = None, store: RecordingStore | None = None) -> Outcome:
+def schedule(
+    tmp_path, seed: int, protocol: type[ViewProtocol] | None = None, store: RecordingStore | None = None
+) -> Outcome:
     """Run schedule ``seed`` on a loop of its own, in virtual time."""
-    return run_in_virtual_time(run_schedule(tmp_path, seed, switches, store))
+    return run_in_virtual_time(run_schedule(tmp_path, seed, protocol, store))
 
 
 async def run_schedule(
     tmp_path,
     seed: int,
-    switches: Switches | None = None,
+    protocol: type[ViewProtocol] | None = None,
     store: ViewStore | None = None,
     transactions: int = 24,
     inline: bool = True,
@@ -148,7 +150,7 @@ async def run_schedule(
         catalog,
         TABLES,
         store,
-        switches,
+        protocol,
         seed,
         delays,
         trace=answers,
@@ -207,8 +209,8 @@ async def check_view(manager: Manager, view: str, sources: dict[str, SimSource],
     plan, bases = handle.plan, handle.bases
     assert handle.maintainer.failed is None, handle.maintainer.failed
     columns = {(s, t): cols for s, src in sources.items() for t, cols in src.tables.items()}
-    units = await manager.db("units", view)
-    entries = {e.id: e for e in await manager.db("log_entries", None, 0, [i for u in units for i in u.log_ids])}
+    units = await manager.db(Catalog.units, view)
+    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, [i for u in units for i in u.log_ids])}
     watermark = manager.watermark(view)
     mismatches = []
     if watermark != len(units) or not all(u.committed for u in units):
@@ -326,26 +328,26 @@ class ClampingStore(RecordingStore):
 def first_failure(tmp_path, make, attempts: int = 60) -> int | None:
     """The first seed from 5000 on whose schedule the oracle rejects."""
     for seed in range(5000, 5000 + attempts):
-        switches, store = make()
-        if schedule(tmp_path, seed, switches=switches, store=store).mismatches:
+        protocol, store = make()
+        if schedule(tmp_path, seed, protocol=protocol, store=store).mismatches:
             return seed
     return None
 
 
 def test_oracle_fails_without_compensation(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(compensation=False), None))
+    seed = first_failure(tmp_path, lambda: (WithoutCompensation, None))
     assert seed is not None
-    assert schedule(tmp_path, seed).mismatches == []  # the failure is the switch's
+    assert schedule(tmp_path, seed).mismatches == []  # the failure is the broken protocol's
 
 
 def test_oracle_fails_without_retention(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(retention=False), None))
+    seed = first_failure(tmp_path, lambda: (WithoutRetention, None))
     assert seed is not None
     assert schedule(tmp_path, seed).mismatches == []
 
 
 def test_oracle_fails_without_signed_counts(tmp_path):
-    seed = first_failure(tmp_path, lambda: (Switches(), ClampingStore()))
+    seed = first_failure(tmp_path, lambda: (None, ClampingStore()))
     assert seed is not None
     # the same schedule with signed counts is right: the failure is the clamping's
     outcome = schedule(tmp_path, seed, store=ClampingStoreOff())

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract.zset import ZSet
-from warehouse.protocol import Switches, Unit, ViewProtocol, ViewUpdate
+from tests.sim import WithoutRetention
+from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
 
 SOURCES = ("a", "b", "c")
 
@@ -59,7 +60,7 @@ operations = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(operations, st.booleans(), st.integers(1, 4))
 def test_the_index_finds_what_the_definition_says(ops, retention: bool, parallelism: int) -> None:
-    p = ViewProtocol(parallelism=parallelism, batch_size=3, switches=Switches(retention=retention))
+    p = (ViewProtocol if retention else WithoutRetention)(parallelism=parallelism, batch_size=3)
     seqs = dict.fromkeys(SOURCES, 0)
     log_id = 0
     for op in ops:

@@ -34,6 +34,7 @@ from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from tests.test_oracle import TABLES as ORACLE_TABLES
 from tests.test_oracle import VIEWS as ORACLE_VIEWS
 from tests.test_oracle import check_view, random_row, random_transaction
+from warehouse.catalog.db import Catalog
 from warehouse.maintainer import Backoff
 from warehouse.sources import SourceError
 from warehouse.store.base import StoreError
@@ -112,7 +113,7 @@ async def served(tmp_path, store=None, catalog: str = "catalog.db", sources=None
 
 
 async def state_in_catalog(manager, view: str = "v") -> str:
-    return (await manager.db("views"))[view].state
+    return (await manager.db(Catalog.views))[view].state
 
 
 # -- transient faults are retried ---------------------------------------------------------------
@@ -242,13 +243,13 @@ async def test_a_failed_view_is_retried_by_resume_with_its_order_numbers(tmp_pat
         assert await state_in_catalog(manager) == "failed"
         health = (await client.get("/v1/health")).json()
         assert any("view 'v' failed" in p and "unknown column" in p for p in health["problems"]), health
-        started = await manager.db("units", "v")
+        started = await manager.db(Catalog.units, "v")
 
         fixed.set()  # the person fixed the source
         resumed = await client.post("/v1/views/v/resume", headers=env.admin)
         assert resumed.status_code == 200, resumed.text
         assert await converged(manager, sources)
-        units = await manager.db("units", "v")
+        units = await manager.db(Catalog.units, "v")
         assert [u.order for u in units] == list(range(1, len(units) + 1)) and all(u.committed for u in units)
         assert [(u.order, u.log_ids) for u in started] == [(u.order, u.log_ids) for u in units[: len(started)]]
         view = (await client.get("/v1/views/v", headers=env.admin)).json()
@@ -326,7 +327,7 @@ async def restart_schedule(tmp_path, seed: int) -> tuple[list[str], dict[str, tu
     store.open.clear()
     await workload(16)
     await until(lambda: all(manager.view(v).maintainer.protocol.quiet for v in ORACLE_VIEWS))
-    uncommitted = {v: sum(not u.committed for u in await manager.db("units", v)) for v in ORACLE_VIEWS}
+    uncommitted = {v: sum(not u.committed for u in await manager.db(Catalog.units, v)) for v in ORACLE_VIEWS}
     await manager.stop()  # the crash: nothing since the hold is committed
     store.abandoned = True
     store.open.set()
@@ -383,7 +384,7 @@ async def test_a_paused_view_keeps_no_queue_in_memory_and_resume_maintains_it_al
         assert resumed.status_code == 200, resumed.text
         await arriving
         assert await converged(manager, sources)
-        units = await manager.db("units", "v")
+        units = await manager.db(Catalog.units, "v")
         maintained = sorted(i for u in units for i in u.log_ids)
         assert len(maintained) == len(set(maintained)) == 230  # each update once
         assert await check_view(manager, "v", sources, check_history=True) == []

@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from contract.value_fit import store_type_family, unfit_reason
 from contract.zset import ZSet
+from warehouse.catalog.db import Catalog, CatalogCall
 from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
@@ -126,7 +127,7 @@ class ViewMaintainer:
         protocol: ViewProtocol,
         store: ViewStore,
         sources: Mapping[str, SourceClient],
-        db: Callable[..., Awaitable[Any]],
+        db: CatalogCall,
         on_state: Callable[[str, str, str | None], Awaitable[None]],
         store_types: Sequence[str | None] = (),
         store_executor: Executor | None = None,
@@ -221,7 +222,7 @@ class ViewMaintainer:
     async def begin_initial_load(self) -> None:
         unit = self.protocol.start_initial()
         self.initial_order = unit.order
-        await self.db("start_unit", self.name, unit.order, [])
+        await self.db(Catalog.start_unit, self.name, unit.order, [])
         self._spawn(unit)
 
     async def republish(self, loaded: int | None) -> None:
@@ -251,9 +252,8 @@ class ViewMaintainer:
                 if unit is None:
                     unit = self.protocol.start()
                     log_ids = [u.log_id for u in unit.updates]
-                    await self._retrying(
-                        "start", partial(self.db, "start_unit", self.name, unit.order, log_ids), always
-                    )
+                    start = partial(self.db, Catalog.start_unit, self.name, unit.order, log_ids)
+                    await self._retrying("start", start, always)
                 self.counters.units_started += 1
                 self._spawn(unit)
             self._shelve_if_held()
@@ -397,7 +397,7 @@ class ViewMaintainer:
         if effects:
             await run_blocking(self.store_executor, self.store.commit, self.name, effects)
         watermark = self.protocol.mark_committed(group)
-        await self.db("commit_units", self.name, group, watermark)
+        await self.db(Catalog.commit_units, self.name, group, watermark)
         return len(effects)
 
     def _unstorable(self, group: list[int]) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from contract import expr
 from contract.column_types import spark_type
@@ -28,20 +28,20 @@ from contract.zset import ZSet, row_order
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
+from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
-from warehouse.protocol import DEFAULT_BATCH_SIZE, Switches, Unit, ViewProtocol, ViewUpdate
+from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
-from warehouse.sources import HttpSourceClient, SourceClient
+from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
 
-if TYPE_CHECKING:
-    from warehouse.store.spark import SparkStore
-
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SOURCE_WATCH_S = 10.0
 """How often the manager asks every wrapper for its health (``Manager._watch_sources``)."""
@@ -49,22 +49,11 @@ SOURCE_WATCH_S = 10.0
 Connect = Callable[[str, str], SourceClient]
 
 
-class ManagerError(ValueError):
-    """A request the manager refuses; ``status`` is the HTTP status the API answers with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
     """Age of the oldest update of the view not visible at W: received, but in no unit
     committed at or below W (still queued, running, or maintained above W). 0 when every
     received update is visible."""
-    oldest = protocol.oldest_invisible()
-    if oldest is None:
-        return 0.0
-    return round(max(0.0, (time.time() if now is None else now) - oldest), 3)
+    return protocol.lag_seconds(time.time() if now is None else now)
 
 
 STALL_AFTER_S = 60.0
@@ -85,13 +74,11 @@ def view_progress(handle: ViewHandle) -> dict[str, Any]:
     plus every numbered unit above W), and the age of the oldest update not visible at W
     (``lag_seconds``). The view's status and its gauges take all three from one call, so a
     request computes each once."""
-    protocol = handle.maintainer.protocol
-    running = sum(len(u.updates) for u in (*protocol.ppu.values(), *protocol.waiting.values()))
-    numbered_above_w = max(0, protocol.next_order - 1 - protocol.watermark)
+    progress = handle.maintainer.protocol.progress()
     return {
-        "updates_pending": protocol.queued + running,
-        "lag_updates": protocol.queued + numbered_above_w,
-        "lag_seconds": lag_seconds(protocol),
+        "updates_pending": progress.updates_pending,
+        "lag_updates": progress.lag_updates,
+        "lag_seconds": lag_seconds(handle.maintainer.protocol),
     }
 
 
@@ -116,7 +103,7 @@ class Manager:
         catalog_url: str,
         store: ViewStore | None,
         connect: Connect | None = None,
-        switches: Switches | None = None,
+        protocol: Callable[[int, int], ViewProtocol] = ViewProtocol,
         commit_group_size: int = 1000,
         commit_linger: float = 0.0,
         analysts: AnalystProcess | None = None,
@@ -136,7 +123,9 @@ class Manager:
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
         asked; ``max_verifications``: verifications run at once over all views
-        (``warehouse.verify``).
+        (``warehouse.verify``); ``protocol``: makes a view's protocol state from its
+        parallelism and batch size (tests give one broken on purpose, for the oracle to
+        catch).
 
         ``blocking_executor``: runs every blocking call (the catalog's, the store's,
         checking received batches) instead of the threads that run them by default; the
@@ -151,7 +140,7 @@ class Manager:
         self.source_health: dict[str, dict[str, Any]] = {}  # source -> its wrapper's last report
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
-        self.switches = switches or Switches()
+        self.new_protocol = protocol  # (parallelism, batch_size) -> a view's protocol state
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
         self.backoff = backoff or Backoff()
@@ -176,14 +165,16 @@ class Manager:
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
-    def _store(self) -> ViewStore:
+    def view_store(self) -> ViewStore:
         """The view store; views exist only once ``start`` has one."""
         assert self.store is not None, "the manager has not started"
         return self.store
 
-    async def db(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def db(self, method: Callable[Concatenate[Catalog, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``method`` of the catalog, run on the catalog's one thread: ``await
+        self.db(Catalog.units, view)`` (a ``CatalogCall``)."""
         assert self.catalog is not None
-        fn = functools.partial(getattr(self.catalog, method), *args, **kwargs)
+        fn = functools.partial(method, self.catalog, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def _blocking(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -200,13 +191,13 @@ class Manager:
         self.store_probe = StoreProbe(self.store.health)
         loop = asyncio.get_running_loop()
         self.catalog = await loop.run_in_executor(self._executor, Catalog, self.catalog_url, self.catalog_key_file)
-        for name, info in (await self.db("sources")).items():
+        for name, info in (await self.db(Catalog.sources)).items():
             if info.manager_token:
                 self.manager_tokens[name] = info.manager_token
             self._register_source(name, info.wrapper_url, info.relations)
-            self.receiver.recover(name, await self.db("log_entries", name, 0))
-        for info in (await self.db("views")).values():
-            await self._recover_view(info)
+            self.receiver.recover(name, await self.db(Catalog.log_entries, name, 0))
+        for view in (await self.db(Catalog.views)).values():
+            await self._recover_view(view)
         # Resend the views' interest in the background: a wrapper may be busy resending
         # updates to this very manager, which only answers once start() has returned.
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
@@ -274,11 +265,11 @@ class Manager:
         """Register a source; ``manager_token`` is the bearer token its wrapper expects from
         the manager (the wrapper's ``--manager-token``), kept in the catalog."""
         if not _identifier(name):
-            raise ManagerError(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
+            raise Refused(f"source name {name!r} must be a letter or _ followed by letters, digits or _")
         if name in self.clients:
-            raise ManagerError(f"source {name!r} is already registered", 409)
+            raise Conflict(f"source {name!r} is already registered")
         if capture not in CAPTURE_METHODS:
-            raise ManagerError(f"unknown capture method {capture!r}: choose one of {', '.join(CAPTURE_METHODS)}", 422)
+            raise Invalid(f"unknown capture method {capture!r}: choose one of {', '.join(CAPTURE_METHODS)}")
         if manager_token:
             self.manager_tokens[name] = manager_token
         client = self.connect(name, wrapper_url)
@@ -287,29 +278,27 @@ class Manager:
             schema = await client.schema()
         except Exception as exc:
             await client.aclose()
-            raise ManagerError(f"could not read the schema of source {name!r} at {wrapper_url}: {exc}", 502) from exc
+            raise SourceError(f"could not read the schema of source {name!r} at {wrapper_url}: {exc}") from exc
         unknown = sorted(set(tables or ()) - set(schema))
         if unknown:
             await client.aclose()
-            raise ManagerError(
+            raise Invalid(
                 f"source {name!r} has no captured table(s) {', '.join(unknown)} (the wrapper at {wrapper_url} "
-                f"captures: {', '.join(sorted(schema)) or 'none'})",
-                422,
+                f"captures: {', '.join(sorted(schema)) or 'none'})"
             )
         reported = await _reported_capture(client, name)
         if reported is not None and reported != capture:
             await client.aclose()
-            raise ManagerError(
+            raise Invalid(
                 f"source {name!r}: capture {capture!r} was given, but the wrapper at {wrapper_url} reports capture "
-                f"method {reported!r}; register it with capture {reported!r}",
-                422,
+                f"method {reported!r}; register it with capture {reported!r}"
             )
         relations = {
             t: RelationInfo(name, t, s.columns, s.types, s.primary_key)
             for t, s in schema.items()
             if tables is None or t in tables
         }
-        await self.db("add_source", name, wrapper_url, capture, list(relations.values()), manager_token)
+        await self.db(Catalog.add_source, name, wrapper_url, capture, list(relations.values()), manager_token)
         self.clients[name] = client
         self.relations[name] = relations
         self.wrapper_urls[name] = wrapper_url
@@ -351,35 +340,33 @@ class Manager:
         commit_mode: str = "out_of_order",
     ) -> ViewInfo:
         if not 1 <= parallelism <= 256:
-            raise ManagerError("parallelism must be between 1 and 256", 422)
+            raise Invalid("parallelism must be between 1 and 256")
         if not 1 <= batch_size <= 10_000:
-            raise ManagerError("batch_size must be between 1 and 10000", 422)
+            raise Invalid("batch_size must be between 1 and 10000")
         if commit_mode not in COMMIT_MODES:
-            raise ManagerError(f"commit_mode must be one of {', '.join(COMMIT_MODES)}", 422)
+            raise Invalid(f"commit_mode must be one of {', '.join(COMMIT_MODES)}")
         try:
             plan = parse_view(sql, self._schema, name)
         except ViewDefinitionError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
         types = self._output_types(plan)
         async with self._define_lock:
             if plan.name in self.views:
-                raise ManagerError(f"view {plan.name!r} already exists", 409)
-            check = getattr(self.store, "check_new_view", None)  # names the store can live with
-            if check is not None:
-                try:
-                    check(plan.name, plan.output_names, types)
-                except StoreError as exc:
-                    raise ManagerError(str(exc), 422) from exc
+                raise Conflict(f"view {plan.name!r} already exists")
+            try:  # names and columns the store can live with
+                self.view_store.check_new_view(plan.name, plan.output_names, types)
+            except StoreError as exc:
+                raise Invalid(str(exc)) from exc
             info = ViewInfo(
                 plan.name, sql, parallelism, batch_size, commit_mode, "initializing", {}, 0, None, time.time()
             )
-            handle = self._new_handle(info, plan, ViewProtocol(parallelism, batch_size, switches=self.switches))
+            handle = self._new_handle(info, plan, self.new_protocol(parallelism, batch_size))
             self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
             try:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
-                await self.db("add_view", info)
-                await self._blocking(self._store.create, plan.name, plan.output_names, types)
+                await self.db(Catalog.add_view, info)
+                await self._blocking(self.view_store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
                 raise
@@ -393,8 +380,8 @@ class Manager:
         handle = self.view(name)
         await handle.maintainer.stop()
         del self.views[name]
-        await self.db("drop_view", name)
-        await self._blocking(self._store.drop, name)
+        await self.db(Catalog.drop_view, name)
+        await self._blocking(self.view_store.drop, name)
         for source in handle.plan.sources:
             await self._push_interest(source)
 
@@ -425,7 +412,7 @@ class Manager:
             plan,
             settings,
             protocol,
-            self._store,
+            self.view_store,
             self.clients,
             self.db,
             self._set_state,
@@ -439,47 +426,43 @@ class Manager:
         if handle is None:
             return
         handle.info.state, handle.info.error = state, error
-        await self.db("update_view", view, state=state, error=error)
+        await self.db(Catalog.update_view, view, state=state, error=error)
 
     async def _recover_view(self, info: ViewInfo) -> None:
         """Rebuild a view's protocol state from the catalog after a restart. A view recorded
         failed is tried again: the cause may be gone (a source back, the store restarted)."""
         plan = parse_view(info.sql, self._schema, info.name)
-        protocol = ViewProtocol(info.parallelism, info.batch_size, switches=self.switches)
+        protocol = self.new_protocol(info.parallelism, info.batch_size)
         handle = self._new_handle(info, plan, protocol)
         handle.bases = info.bases
-        units = await self.db("units", info.name)
-        committed = {u.order for u in units if u.committed}
-        protocol.mark_committed(committed)
-        pending = [u for u in units if not u.committed]
-        oldest = min((u.order for u in pending), default=None)
-        # what the protocol holds: uncommitted units, and committed ones they may compensate with
-        kept = [u for u in units if not u.committed or (oldest is not None and u.order > oldest)]
+        units = await self.db(Catalog.units, info.name)
+        recorded = {u.order: u.committed for u in units}
+        held = ViewProtocol.held_after_restart(recorded)
+        kept = [u for u in units if u.order in held]
         ids = sorted({i for u in kept for i in u.log_ids})
         entries = {
             e.id: e
             for start in range(0, len(ids), LOG_IDS_PER_READ)
-            for e in await self.db("log_entries", None, 0, ids[start : start + LOG_IDS_PER_READ])
+            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
         }
-        protocol.next_order = max((u.order + 1 for u in units), default=protocol.next_order)
-        rebuilt: list[Unit] = []
-        for u in kept:
-            updates = tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None)
-            unit = Unit(u.order, updates, initial=not u.log_ids)
-            if u.committed:
-                protocol.retain(unit)
-            else:
-                rebuilt.append(unit)
+        rebuilt = [
+            Unit(
+                u.order,
+                tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None),
+                initial=not u.log_ids,
+            )
+            for u in kept
+        ]
         in_units = {i for u in units for i in u.log_ids}
-        for update in await self._logged_updates(handle, info.bases, skip=in_units):
-            protocol.receive(update)
+        queued = await self._logged_updates(handle, info.bases, skip=in_units)
+        waiting = protocol.restore(recorded, rebuilt, queued)
         self.views[info.name] = handle
         if info.state == "failed":
             log.warning("view %s had failed before the restart (%s): trying it again", info.name, info.error)
             await self._set_state(info.name, "initializing", None)
         loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
-        handle.maintainer.recover(rebuilt)  # they wait for PPU slots, oldest first
+        handle.maintainer.recover(waiting)  # they wait for PPU slots, oldest first
         handle.maintainer.start()
 
     async def _logged_updates(
@@ -489,7 +472,7 @@ class Manager:
         receiver (not held behind a gap) and in no unit (``skip``: log ids in units), in
         arrival order: the UMQ rebuilt after a restart, or read back when a paused or
         failed view resumes."""
-        entries = [e for source, seq in after.items() for e in await self.db("log_entries", source, seq)]
+        entries = [e for source, seq in after.items() for e in await self.db(Catalog.log_entries, source, seq)]
         released = {source: self.receiver.released_through(source) for source in after}
         updates = []
         for entry in sorted(entries, key=lambda e: e.id):
@@ -515,7 +498,7 @@ class Manager:
     def view(self, name: str) -> ViewHandle:
         handle = self.views.get(name)
         if handle is None:
-            raise ManagerError(f"unknown view {name!r}", 404)
+            raise NotFound(f"unknown view {name!r}")
         return handle
 
     # -- interest: what the wrappers must ship -----------------------------------------------------
@@ -560,15 +543,13 @@ class Manager:
         """The view's signed weights as of W (default), a given order, or every commit."""
         handle = self.view(name)
         if as_of is not None and as_of > handle.maintainer.protocol.watermark:
-            raise ManagerError(
-                f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}", 422
-            )
+            raise Invalid(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}")
         try:
-            return self._store.read(
+            return self.view_store.read(
                 name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
             )
         except StoreError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
 
     def read_rows(self, name: str, as_of: int | None = None, latest: bool = False) -> list[tuple]:
         """What a SQL reader of the view sees (positive rows, each repeated by its weight) as
@@ -588,25 +569,24 @@ class Manager:
         handle = self.view(name)
         watermark = handle.maintainer.protocol.watermark
         if as_of is not None and as_of > watermark:
-            raise ManagerError(f"as_of {as_of} is beyond the view's watermark {watermark}", 422)
+            raise Invalid(f"as_of {as_of} is beyond the view's watermark {watermark}")
         pinned = None if latest else (watermark if as_of is None else as_of)
-        record = getattr(self.store, "record", None)
-        if self.analysts is None or record is None:
+        if self.analysts is None or self.view_store.engine != "spark":
             rows = sorted(await self._blocking(self.read_rows, name, pinned, latest), key=row_order)
             return watermark, pinned, len(rows), [list(r) for r in rows[offset : offset + limit]]
         try:
-            # only the Spark store keeps a record (it cannot be imported here to check: pyspark)
-            cast("SparkStore", self.store).check_as_of(name, pinned)
-            meta = record(name)
+            self.view_store.check_as_of(name, pinned)
+            record = self.view_store.record(name)
         except StoreError as exc:
-            raise ManagerError(str(exc), 422) from exc
-        page = await self.analysts.rows(meta.to_record(), pinned, offset, limit, who)
+            raise Invalid(str(exc)) from exc
+        page = await self.analysts.rows(record.to_record(), pinned, offset, limit, who)
         return watermark, pinned, page.total, page.rows
 
     def status(self, name: str) -> dict[str, Any]:
         handle = self.view(name)
         m = handle.maintainer
         c = m.counters
+        progress = m.protocol.progress()
         return {
             "name": name,
             "state": handle.info.state,
@@ -621,10 +601,10 @@ class Manager:
             "retrying": retry_status(m),
             "stalled": self.stalled(handle),
             "no_progress_seconds": round(m.seconds_without_progress(), 3),
-            "updates_queued": m.protocol.queued,
-            "units_running": len(m.protocol.ppu),
-            "units_waiting": len(m.protocol.waiting),
-            "units_retained": len(m.protocol.rpu),
+            "updates_queued": progress.queued,
+            "units_running": progress.running,
+            "units_waiting": progress.waiting,
+            "units_retained": progress.retained,
             **view_progress(handle),
             "counters": {
                 "updates_received": c.updates_received,
@@ -711,4 +691,4 @@ def _as_table(e: expr.Expr, alias: str, table: str) -> expr.Expr:
     return expr.substitute(e, {c: expr.Col(table, c.name) for c in expr.columns(e) if c.relation == alias})
 
 
-__all__ = ["CatalogError", "Manager", "ManagerError", "lag_seconds", "view_progress"]
+__all__ = ["CatalogError", "Manager", "lag_seconds", "view_progress"]

@@ -116,12 +116,17 @@ class Shelf:
             self.oldest = update.received_at if self.oldest is None else min(self.oldest, update.received_at)
 
 
-@dataclass
-class Switches:
-    """Test-only switches that break the algorithm on purpose; the oracle must notice."""
+@dataclass(frozen=True)
+class Progress:
+    """How far behind the view is, from the protocol's state at one instant."""
 
-    compensation: bool = True
-    retention: bool = True
+    queued: int  # updates in no unit yet (UMQ or shelf)
+    running: int  # units in the PPU
+    waiting: int  # numbered units waiting for a PPU slot
+    retained: int  # units in the RPU
+    updates_pending: int  # updates queued, or in running or waiting units
+    lag_updates: int  # updates queued, plus every numbered unit above W
+    oldest_invisible: float | None  # when the oldest update not visible at W arrived
 
 
 @dataclass
@@ -129,7 +134,6 @@ class ViewProtocol:
     parallelism: int
     batch_size: int = 1  # at most this many queued updates per unit (1: no batching)
     next_order: int = 1
-    switches: Switches = field(default_factory=Switches)
     umq: UpdateQueue = field(default_factory=UpdateQueue)
     ppu: dict[int, Unit] = field(default_factory=dict)
     rpu: dict[int, Unit] = field(default_factory=dict)
@@ -224,8 +228,6 @@ class ViewProtocol:
     def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
         """Deltas of relation ``position`` that an answer from ``source`` with ``watermark``
         reflects but that are ordered after term ``term`` of ``unit``."""
-        if not self.switches.compensation:
-            return []
         orders, updates = self.live.run(source, unit.order, watermark)
         # the run starts at the unit's own updates: those of earlier terms are kept (the
         # chain rule); every later order, queued ones included (+inf), is subtracted
@@ -237,10 +239,7 @@ class ViewProtocol:
     # -- ViewChange done: PPU -> RPU, clean up the RPU -------------------------------------
     def finish(self, unit: Unit) -> None:
         del self.ppu[unit.order]
-        if self.switches.retention:
-            self.rpu[unit.order] = unit
-        else:
-            self.live.discard(unit.updates)
+        self.rpu[unit.order] = unit
         self._clean_rpu()
 
     def retain(self, unit: Unit) -> None:
@@ -284,6 +283,47 @@ class ViewProtocol:
         self._arrived(unit)
         for update in unit.updates:
             self.live.add(update, unit.order)
+
+    @staticmethod
+    def held_after_restart(recorded: Mapping[int, bool]) -> set[int]:
+        """Of the units recorded before a restart (order -> committed), the orders the
+        protocol holds again: every uncommitted unit, and every committed one ordered after
+        the oldest uncommitted one, which may still compensate with it (the RPU).
+
+        >>> sorted(ViewProtocol.held_after_restart({1: True, 2: False, 3: True, 4: False}))
+        [2, 3, 4]
+        """
+        oldest = min((order for order, committed in recorded.items() if not committed), default=None)
+        return {o for o, committed in recorded.items() if not committed or (oldest is not None and o > oldest)}
+
+    def restore(self, recorded: Mapping[int, bool], held: Iterable[Unit], queued: Iterable[ViewUpdate]) -> list[Unit]:
+        """Rebuild the state after a restart from what was recorded: W from the committed
+        orders of ``recorded`` (order -> committed), new order numbers after every recorded
+        one, the RPU from the committed units of ``held`` (those ``held_after_restart``
+        names, rebuilt from the update log) and the UMQ from ``queued`` (logged updates in no
+        unit, in arrival order). Returns the uncommitted units of ``held``, for ``recover``.
+
+        >>> from contract.zset import ZSet
+        >>> def update(seq): return ViewUpdate(seq, "s", seq, {0: ZSet({(seq,): 1})})
+        >>> recorded = {1: True, 2: False, 3: True}
+        >>> p = ViewProtocol(parallelism=2)
+        >>> held = [Unit(o, (update(o),)) for o in sorted(ViewProtocol.held_after_restart(recorded))]
+        >>> [u.order for u in p.restore(recorded, held, [update(4)])]  # 2 runs again; 3 is retained
+        [2]
+        >>> p.watermark, sorted(p.rpu), len(p.umq), p.next_order
+        (1, [3], 1, 4)
+        """
+        self.mark_committed(order for order, committed in recorded.items() if committed)
+        self.next_order = max((order + 1 for order in recorded), default=self.next_order)
+        uncommitted = []
+        for unit in held:
+            if recorded[unit.order]:
+                self.retain(unit)
+            else:
+                uncommitted.append(unit)
+        for update in queued:
+            self.receive(update)
+        return uncommitted
 
     def set_aside(self, unit: Unit) -> None:
         """Take a unit whose maintenance failed out of the PPU; it waits, numbered, until
@@ -350,6 +390,38 @@ class ViewProtocol:
         if self.shelf is not None:
             queued.append(self.shelf.oldest)
         return min((*self.arrived.values(), *(t for t in queued if t is not None)), default=None)
+
+    def lag_seconds(self, now: float) -> float:
+        """Age at ``now`` of the oldest update not visible at W (``oldest_invisible``); 0
+        when every received update is visible.
+
+        >>> p = ViewProtocol(parallelism=1)
+        >>> p.receive(ViewUpdate(1, "s", 1, {}, received_at=100.0))
+        >>> p.lag_seconds(now=102.5), ViewProtocol(parallelism=1).lag_seconds(now=102.5)
+        (2.5, 0.0)
+        """
+        oldest = self.oldest_invisible()
+        return 0.0 if oldest is None else round(max(0.0, now - oldest), 3)
+
+    def progress(self) -> Progress:
+        """Updates and units by where they are, and how far W is behind them.
+
+        >>> p = ViewProtocol(parallelism=1)
+        >>> for seq in (1, 2, 3):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {}))
+        >>> unit = p.start(); p.progress()  # one update runs in unit 1, two are queued
+        Progress(queued=2, running=1, waiting=0, retained=0, updates_pending=3, lag_updates=3, oldest_invisible=None)
+        """
+        running = sum(len(u.updates) for u in (*self.ppu.values(), *self.waiting.values()))
+        return Progress(
+            queued=self.queued,
+            running=len(self.ppu),
+            waiting=len(self.waiting),
+            retained=len(self.rpu),
+            updates_pending=self.queued + running,
+            lag_updates=self.queued + max(0, self.next_order - 1 - self.watermark),
+            oldest_invisible=self.oldest_invisible(),
+        )
 
     @property
     def queued(self) -> int:

@@ -35,7 +35,7 @@ from typing import Any
 
 from contract.schemas import Ack, Update
 from contract.value_fit import Family, unfit_reason
-from warehouse.catalog.db import LogEntry, NewUpdate, SeqConflict, content_digest
+from warehouse.catalog.db import Catalog, CatalogCall, LogEntry, NewUpdate, SeqConflict, content_digest
 
 DEFAULT_SEQ_WINDOW = 100_000
 RELEASE_CHUNK = 1_000  # held updates read back from the log at once
@@ -93,7 +93,7 @@ class SourceStatus:
 class Receiver:
     def __init__(
         self,
-        db: Callable[..., Awaitable],
+        db: CatalogCall,
         release: Callable[[LogEntry], None],
         relations: Callable[[str, int], Mapping[str, RelationShape] | None],
         window: int = DEFAULT_SEQ_WINDOW,
@@ -209,7 +209,7 @@ class Receiver:
         cursor = self._cursors.setdefault(source, SourceCursor())
         self._check_window(source, cursor, updates)
         prepared = await self._off_loop(self._prepare, source, updates, schemas)
-        stored = {e.seq: e for e in await self._db("append_updates", source, prepared)} if prepared else {}
+        stored = {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)} if prepared else {}
         async with cursor.releasing:
             await self._release_ready(cursor, stored)
             cursor.held.update((seq, e.id) for seq, e in stored.items() if seq > cursor.released_through)
@@ -238,5 +238,5 @@ class Receiver:
         ids: list[int] = []  # log ids
         while first + len(ids) in cursor.held and len(ids) < RELEASE_CHUNK:
             ids.append(cursor.held[first + len(ids)])
-        entries = await self._db("log_entries", None, 0, ids)
+        entries = await self._db(Catalog.log_entries, None, 0, ids)
         return [e for i, e in enumerate(entries) if e.seq == first + i]  # in seq order, never past a gap

@@ -39,7 +39,8 @@ class TableSchema:
 
 class SourceError(Exception):
     """A source refused a request (4xx), or kept failing (5xx) past the retry budget. A
-    transport failure past the budget is raised as aiohttp's error."""
+    transport failure past the budget is raised as aiohttp's error (the manager raises a
+    SourceError for it where a person waits: registering a source)."""
 
 
 class SourceClient(Protocol):
@@ -128,7 +129,7 @@ class HttpSourceClient:
         payload = await self._call("PUT", "/v1/interest", interest.model_dump_json())
         return InterestAck.model_validate_json(payload).boundary
 
-    async def health(self, timeout: float = 2.0) -> dict:
+    async def health(self, timeout: float = 2.0) -> dict[str, Any]:
         """The wrapper's ``/v1/health``, asked once without retries (for status pages)."""
         async with self._http().get(
             self._base + "/v1/health", timeout=aiohttp.ClientTimeout(total=timeout)

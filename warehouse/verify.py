@@ -48,30 +48,21 @@ from contract.schemas import Subquery
 from contract.zset import Row, ZSet
 from warehouse.analysts.messages import VerifyRelation, VerifyRequest
 from warehouse.analysts.verification import differences
-from warehouse.catalog.db import LogEntry, UnitInfo
+from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
+from warehouse.errors import Busy, Conflict, NotFound, Unsupported
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
 from warehouse.store.base import StoreError
 
 if TYPE_CHECKING:
+    from warehouse.analysts.supervisor import AnalystProcess
     from warehouse.manager import Manager, ViewHandle
 
-__all__ = ["Report", "SourceCut", "Verifications", "VerifyError", "differences", "reflected_seqs", "verify_view"]
+__all__ = ["Report", "SourceCut", "Verifications", "differences", "reflected_seqs", "verify_view"]
 
 ATTEMPTS = 3  # a compaction may fold W away while the sources are read: the check starts over
 MAX_VERIFICATIONS = 1  # at once over all views of a manager (pvm serve --max-verifications)
 BUSY_RETRY_AFTER_S = 5  # what a refused client hears; a verification takes seconds to minutes
-
-
-class VerifyError(Exception):
-    """The view cannot be verified now (still initializing, failed, too many running, …);
-    ``status`` is the HTTP status to answer with, ``retry_after`` (seconds) when asking again
-    later can succeed."""
-
-    def __init__(self, message: str, status: int = 409, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
 
 
 @dataclass
@@ -189,23 +180,21 @@ class Verifications:
 
     @contextmanager
     def admit(self, view: str) -> Iterator[None]:
-        """Count a verification of ``view`` while the block runs; VerifyError (429, with
+        """Count a verification of ``view`` while the block runs; Busy (with
         ``retry_after``) if one of the view already runs, or ``limit`` of any view do."""
         now = time.monotonic()
         if view in self.running:
-            raise VerifyError(
+            raise Busy(
                 f"a verification of view {view!r} is already running (started {now - self.running[view]:.1f} s "
                 "ago); wait for its answer, then ask again if needed",
-                429,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
         if len(self.running) >= self.limit:
             running = ", ".join(f"{v!r} ({now - t:.0f} s)" for v, t in sorted(self.running.items()))
-            raise VerifyError(
+            raise Busy(
                 f"{len(self.running)} verification(s) already running ({running}), the most this manager runs at "
                 f"once (pvm serve --max-verifications, now {self.limit}); ask again once one has answered",
-                429,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
         self.running[view] = now
         try:
@@ -226,31 +215,30 @@ async def verify_view(manager: Manager, name: str, max_differences: int = 20, wh
         return await _verify(manager, name, max_differences, who)
 
 
-def _engine(manager: Manager) -> str:
-    """Where the recomputation and the comparison run: "spark" (the analysts' query process)
-    or "python" (in the manager, for a store held in this process)."""
-    if manager.analysts is not None and hasattr(manager.store, "record"):
-        return "spark"
-    if getattr(manager.store, "spark", None) is None:
-        return "python"
-    raise VerifyError(
-        "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)",
-        501,
-    )
+def _analysts(manager: Manager) -> AnalystProcess | None:
+    """Where the recomputation and the comparison run: the analysts' query process for a
+    store of engine "spark", None (in the manager) for a store held in this process."""
+    if manager.view_store.engine == "python":
+        return None
+    if manager.analysts is None:
+        raise Unsupported(
+            "verifying a view of the Spark store needs the analysts' query process (pvm serve --store spark starts it)"
+        )
+    return manager.analysts
 
 
 async def _verify(manager: Manager, name: str, max_differences: int, who: str) -> Report:
     started = time.perf_counter()
-    engine = _engine(manager)
+    analysts = _analysts(manager)
     for attempt in range(ATTEMPTS):
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
-            raise VerifyError(f"view {name!r} has failed ({handle.maintainer.failed}); nothing to verify")
+            raise Conflict(f"view {name!r} has failed ({handle.maintainer.failed}); nothing to verify")
         if handle.bases is None or handle.maintainer.initial_order is not None:
-            raise VerifyError(f"view {name!r} is still being initialized; verify it once it is active")
+            raise Conflict(f"view {name!r} is still being initialized; verify it once it is active")
         watermark = handle.maintainer.protocol.watermark
         contents, cuts = await _relations_as_of(manager, name, handle, watermark)
-        if engine == "python":
+        if analysts is None:
             report = await asyncio.to_thread(
                 _compare_here, manager, name, handle.plan, contents, watermark, max_differences
             )
@@ -258,14 +246,14 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
         # Taken after the sources were read, so that its files are kept (a compaction retires
         # them only after the query timeout) for as long as the query process may read them.
         try:
-            record = manager.store.record(name)  # type: ignore[union-attr]
+            record = manager.view_store.record(name)
         except StoreError as exc:  # dropped meanwhile
-            raise VerifyError(str(exc), 404) from exc
+            raise NotFound(str(exc)) from exc
         if record.compacted_through <= watermark:
             request = await asyncio.to_thread(
                 _request, handle.plan, contents, record.to_record(), watermark, max_differences
             )
-            result = await manager.analysts.verify(request, who)  # type: ignore[union-attr]
+            result = await analysts.verify(request, who)
             report = Report(
                 view=name,
                 columns=list(handle.plan.output_names),
@@ -281,10 +269,9 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
             )
             break
         if attempt == ATTEMPTS - 1:
-            raise VerifyError(
+            raise Conflict(
                 f"compactions of view {name!r} kept folding its state as of W while its sources were read; ask again",
-                409,
-                BUSY_RETRY_AFTER_S,
+                retry_after=BUSY_RETRY_AFTER_S,
             )
     report.sources = cuts
     report.seconds = time.perf_counter() - started
@@ -297,9 +284,9 @@ async def _relations_as_of(
     """Every relation of the view in the state the view claims to reflect as of
     ``watermark``: its wrapper's snapshot, minus the logged updates after the view's cut."""
     plan, bases = handle.plan, dict(handle.bases or {})
-    units = [u for u in await manager.db("units", name) if u.order <= watermark]
+    units = [u for u in await manager.db(Catalog.units, name) if u.order <= watermark]
     ids = [i for u in units for i in u.log_ids]
-    entries = {e.id: e for e in await manager.db("log_entries", None, 0, ids)} if ids else {}
+    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, ids)} if ids else {}
     upto = reflected_seqs(units, entries, bases, watermark)
 
     contents: dict[tuple[str, str], ZSet] = {}
@@ -316,7 +303,7 @@ async def _relations_as_of(
         answer = await manager.clients[r.source].subquery(request)
         snapshot = ZSet((tuple(row[1:-1]), int(row[-1])) for row in answer.rows)
         since = upto.get(r.source, 0)
-        later = [e for e in await manager.db("log_entries", r.source, since) if e.seq <= answer.watermark]
+        later = [e for e in await manager.db(Catalog.log_entries, r.source, since) if e.seq <= answer.watermark]
 
         def delta_of(entry: LogEntry, position: int = position) -> ZSet | None:
             update = handle.extractor(entry)

@@ -13,6 +13,7 @@ from api.manager_models import (
 )
 from api.manager_routes.error_docs import errors
 from api.metrics import render
+from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
 
 
@@ -55,7 +56,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
     async def ready() -> ReadyOut | JSONResponse:
         reasons = []
         try:
-            await manager.db("ping")
+            await manager.db(Catalog.ping)
         except Exception as exc:
             reasons.append(f"the catalog does not answer: {exc}")
         store = await manager.store_probe.problem() if manager.store_probe is not None else None

@@ -12,7 +12,9 @@ from api.manager_models import (
 )
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN, ANALYST
-from warehouse.manager import Manager, ManagerError
+from warehouse.catalog.db import Catalog
+from warehouse.errors import NotFound
+from warehouse.manager import Manager
 
 
 def router_for(manager: Manager) -> APIRouter:
@@ -20,7 +22,7 @@ def router_for(manager: Manager) -> APIRouter:
 
     async def describe(name: str, capture: str | None = None, health: bool = False) -> SourceOut:
         if capture is None:
-            info = (await manager.db("sources")).get(name)
+            info = (await manager.db(Catalog.sources)).get(name)
             capture = info.capture if info is not None else "unknown"
         received = manager.receiver.status(name)
         out = SourceOut(
@@ -62,7 +64,7 @@ def router_for(manager: Manager) -> APIRouter:
         responses=errors(*AUTH),
     )
     async def list_sources(_: Principal = Depends(ANALYST)) -> list[SourceOut]:
-        infos = await manager.db("sources")
+        infos = await manager.db(Catalog.sources)
         return [await describe(n, infos[n].capture if n in infos else None) for n in sorted(manager.clients)]
 
     @router.get(
@@ -74,7 +76,7 @@ def router_for(manager: Manager) -> APIRouter:
     )
     async def show_source(name: str = Path(max_length=200), _: Principal = Depends(ANALYST)) -> SourceOut:
         if name not in manager.clients:
-            raise ManagerError(f"unknown source {name!r}", 404)
+            raise NotFound(f"unknown source {name!r}")
         return await describe(name, health=True)
 
     return router

@@ -14,8 +14,9 @@ from api.manager_models import (
 )
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN
-from warehouse.catalog.db import CatalogError
-from warehouse.manager import Manager, ManagerError
+from warehouse.catalog.db import Catalog, CatalogError
+from warehouse.errors import Invalid, NotFound
+from warehouse.manager import Manager
 
 
 def router_for(manager: Manager, app: FastAPI) -> APIRouter:
@@ -45,7 +46,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
         try:
             check_role(body.role, body.source)
         except ValueError as exc:
-            raise ManagerError(str(exc), 422) from exc
+            raise Invalid(str(exc)) from exc
         info, token = await issue(manager, body.role, body.source, body.name or "")
         app.state.auth.remember(info)
         return TokenCreated(**out(info).model_dump(), token=token)
@@ -58,7 +59,7 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
         responses=errors(*AUTH),
     )
     async def list_tokens(_: Principal = Depends(ADMIN)) -> list[TokenOut]:
-        return [out(t) for t in await manager.db("tokens")]
+        return [out(t) for t in await manager.db(Catalog.tokens)]
 
     @router.delete(
         "/v1/tokens/{token_id}",
@@ -69,9 +70,9 @@ def router_for(manager: Manager, app: FastAPI) -> APIRouter:
     )
     async def revoke_token(token_id: int = Path(ge=1, le=2**62), _: Principal = Depends(ADMIN)) -> TokenOut:
         try:
-            info = await manager.db("revoke_token", token_id)
+            info = await manager.db(Catalog.revoke_token, token_id)
         except CatalogError as exc:
-            raise ManagerError(str(exc), 404) from exc
+            raise NotFound(str(exc)) from exc
         app.state.auth.remember(info)
         return out(info)
 

@@ -17,7 +17,8 @@ from api.manager_models import (
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import ADMIN, ANALYST
 from warehouse.analysts.supervisor import AnalystError
-from warehouse.manager import Manager, ManagerError
+from warehouse.errors import Invalid
+from warehouse.manager import Manager
 
 MAX_PAGE = 10_000
 ROW_COUNT_REFRESH_SECONDS = 2.0
@@ -144,7 +145,7 @@ def router_for(manager: Manager) -> APIRouter:
     ) -> RowsOut:
         handle = manager.view(name)
         if latest and as_of is not None:
-            raise ManagerError("give either as_of or latest, not both", 422)
+            raise Invalid("give either as_of or latest, not both")
         try:
             watermark, pinned, total, rows = await manager.read_page(
                 name, as_of, latest, offset, limit, analyst.who(request)

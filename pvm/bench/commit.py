@@ -40,6 +40,7 @@ from pvm.bench.spark_deployment import populate_sources, running_analysts, write
 from pvm.bench.spark_deployment import quantile as _quantile
 from pvm.cli import CliError
 from pvm.demo import SCHEMAS
+from warehouse.catalog.db import Catalog
 
 VIEW = "fresh_orders"
 VIEW_SQL = (
@@ -280,13 +281,13 @@ class Freshness:
         its transaction was published."""
         import bisect
 
-        units = {u.order: u for u in await manager.db("units", VIEW)}
+        units = {u.order: u for u in await manager.db(Catalog.units, VIEW)}
         order_of = {log_id: u.order for u in units.values() for log_id in u.log_ids}
         times = [t for t, _ in self.publishes]
         marks = [w for _, w in self.publishes]  # nondecreasing
         out: dict[tuple[str, object], Trace] = {}
         for source in SCHEMAS:
-            for entry in await manager.db("log_entries", source, 0):
+            for entry in await manager.db(Catalog.log_entries, source, 0):
                 order = order_of.get(entry.id)
                 i = bisect.bisect_left(marks, order) if order is not None else len(marks)
                 if i == len(marks):

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from contract.zset import ZSet
+from warehouse.catalog.db import Catalog
 from warehouse.recompute import recompute
 
 TABLES = {
@@ -198,8 +199,8 @@ async def check_oracle(manager: Any, view: str, initial: dict[tuple[str, str], Z
     """Assert the view as of every watermark equals recomputation over the source states the
     shipped updates describe; the number of states checked."""
     plan, bases = manager.view(view).plan, manager.view(view).bases
-    units = await manager.db("units", view)
-    log = {s: await manager.db("log_entries", s, 0) for s in TABLES}
+    units = await manager.db(Catalog.units, view)
+    log = {s: await manager.db(Catalog.log_entries, s, 0) for s in TABLES}
     entries = {e.id: e for s in log for e in log[s]}
     upto = dict(bases)
     contents = {k: z.copy() for k, z in initial.items()}

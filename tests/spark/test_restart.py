@@ -91,8 +91,8 @@ async def test_a_crash_between_the_append_and_the_catalog_applies_the_effect_onc
         maintainer = manager.view(view).maintainer
         real_db, crashed = maintainer.db, asyncio.Event()
 
-        async def dying_db(method: str, *args, **kwargs):
-            if method == "commit_units":  # the group is in Spark already: die right here
+        async def dying_db(method, *args, **kwargs):
+            if method is Catalog.commit_units:  # the group is in Spark already: die right here
                 crashed.set()
                 await asyncio.Event().wait()
             return await real_db(method, *args, **kwargs)
@@ -103,7 +103,7 @@ async def test_a_crash_between_the_append_and_the_catalog_applies_the_effect_onc
             for s in sources.values():
                 await s.ship()
         await asyncio.wait_for(crashed.wait(), 60)
-        units = await manager.db("units", view)
+        units = await manager.db(Catalog.units, view)
         unrecorded = {u.order for u in units if not u.committed}
         appended = unrecorded & store.committed_orders(view)
         assert appended, (units, store.committed_orders(view))
@@ -118,7 +118,7 @@ async def test_a_crash_between_the_append_and_the_catalog_applies_the_effect_onc
         for s in sources.values():
             await s.ship()
         await settle(manager2, store2, view)
-        units = await manager2.db("units", view)
+        units = await manager2.db(Catalog.units, view)
         assert all(u.committed for u in units) and appended <= {u.order for u in units}
         after = zlog_counts(spark, view)
         assert {o: after.get(o) for o in appended} == {o: counts[o] for o in appended}  # not appended again

@@ -17,6 +17,7 @@ import pytest
 from api.auth import issue, verifier_for
 from api.connect_gateway import ConnectGateway, GatewaySettings
 from tests.spark.analyst_support import change, join_sql, settle, sim_manager
+from warehouse.catalog.db import Catalog
 from warehouse.store.spark import SparkStore
 
 pytestmark = pytest.mark.spark
@@ -130,7 +131,7 @@ async def test_analysts_read_views_through_spark_connect_and_nothing_else(
         assert (await asyncio.to_thread(client, url, wrapper, view))["sql"]["code"] == "PERMISSION_DENIED"
         for bad in (None, "pvm_1_" + "x" * 40):
             assert (await asyncio.to_thread(client, url, bad, view))["sql"]["code"] == "UNAUTHENTICATED"
-        verifier.remember(await manager.db("revoke_token", info.id))
+        verifier.remember(await manager.db(Catalog.revoke_token, info.id))
         assert (await asyncio.to_thread(client, url, token, view))["sql"]["code"] == "UNAUTHENTICATED"
     finally:
         gateway.stop()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
@@ -24,6 +24,9 @@ from contract.file_modes import PRIVATE
 from contract.schemas import dumps_wire_json, loads_wire_json
 from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class CatalogError(Exception):
@@ -158,7 +161,10 @@ def _private_sqlite_file(url: str) -> None:
 
 
 class Catalog:
-    """``key_file`` holds the key of the sealed manager tokens (``secrets``); by default the
+    """What the manager keeps durably: sources, views, the update log, units, tokens. Used
+    from one thread (the manager's ``db``: ``await manager.db(Catalog.units, view)``).
+
+    ``key_file`` holds the key of the sealed manager tokens (``secrets``); by default the
     one next to an SQLite catalog file. A catalog on a database server without one can keep
     no manager token."""
 
@@ -446,8 +452,20 @@ class StoreRecords:
                 s.delete(row)
 
 
+class CatalogCall(Protocol):
+    """Runs a method of the catalog on the catalog's one thread and awaits its result:
+    ``await db(Catalog.start_unit, view, order, log_ids)``. The method is named as an
+    attribute of ``Catalog``, so its arguments and result are checked like a direct call's
+    (``Manager.db`` is one)."""
+
+    def __call__(
+        self, method: Callable[Concatenate[Catalog, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[T]: ...
+
+
 __all__ = [
     "Catalog",
+    "CatalogCall",
     "CatalogError",
     "LogEntry",
     "NewUpdate",

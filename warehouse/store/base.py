@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from contract.zset import ZSet
 
@@ -31,7 +31,35 @@ class Effect:
     delta: ZSet
 
 
+Engine = Literal["spark", "python"]
+"""Where the views of a store are read: ``"spark"``, from files another process (the
+analysts' query process) reads with Spark, named by the store's ``record``; ``"python"``,
+in this process only, with ``read``."""
+
+
+class ViewRecord(Protocol):
+    """What a store of engine ``"spark"`` records of one view: enough for another process to
+    read the view's files as of any order above ``compacted_through``."""
+
+    @property
+    def compacted_through(self) -> int:
+        """Orders at or below it are folded into the base: readable only as one state."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The record as JSON-able data (what the analysts' query process is sent)."""
+
+
 class ViewStore(Protocol):
+    @property
+    def engine(self) -> Engine:
+        """Where the views are read (``Engine``): the manager sends readers of a ``"spark"``
+        store's views to the analysts' query process, and reads a ``"python"`` store's
+        itself."""
+
+    def check_new_view(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+        """Raise StoreError naming the problem if ``create`` would refuse these arguments;
+        changes nothing. The manager asks before it records a new view anywhere."""
+
     def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
         """Create an empty view (idempotent for the same columns). ``types``: a Spark SQL type
         name per column where known (None: untyped); stores without typed columns ignore it."""
@@ -52,6 +80,14 @@ class ViewStore(Protocol):
 
     def committed_orders(self, view: str) -> set[int]:
         """Orders present in the store (for recovery after a crash)."""
+
+    def check_as_of(self, view: str, as_of: int | None) -> None:
+        """StoreError unless the view's state as of ``as_of`` (None: every effect) can
+        still be read."""
+
+    def record(self, view: str) -> ViewRecord:
+        """The view's current record, naming the files its state is read from; StoreError
+        for an unknown view, or from a store of engine ``"python"`` (it has no files)."""
 
     def health(self) -> str | None:
         """None when the store answers; else what is wrong, for a person. Cheap (no job),

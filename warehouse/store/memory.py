@@ -6,10 +6,13 @@ import threading
 from collections.abc import Sequence
 
 from contract.zset import ZSet
-from warehouse.store.base import Effect, StoreError
+from warehouse.store.base import Effect, Engine, StoreError, ViewRecord
 
 
 class MemoryStore:
+    """Effects kept in this process's memory, never compacted: every ``as_of`` stays
+    readable, and only this process reads the views (engine ``"python"``)."""
+
     def __init__(self) -> None:
         self._effects: dict[str, dict[int, ZSet]] = {}
         self._columns: dict[str, tuple[str, ...]] = {}
@@ -17,12 +20,24 @@ class MemoryStore:
         self._lock = threading.Lock()
         self.commit_log: list[tuple[int, ...]] = []  # the orders of each write, in write order
 
+    @property
+    def engine(self) -> Engine:
+        return "python"
+
+    def check_new_view(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+        """Any name and columns do, but other columns for a view that exists (as ``create``)."""
+        with self._lock:
+            self._check_columns(view, columns)
+
+    def _check_columns(self, view: str, columns: Sequence[str]) -> None:
+        if view in self._columns and self._columns[view] != tuple(columns):
+            raise StoreError(f"view {view!r} exists with other columns")
+
     def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
         """``types`` (Spark SQL type names) are accepted for the interface's sake and ignored:
         rows are kept as the Python values they were committed with."""
         with self._lock:
-            if view in self._columns and self._columns[view] != tuple(columns):
-                raise StoreError(f"view {view!r} exists with other columns")
+            self._check_columns(view, columns)
             self._columns[view] = tuple(columns)
             self._effects.setdefault(view, {})
 
@@ -64,6 +79,14 @@ class MemoryStore:
     def committed_orders(self, view: str) -> set[int]:
         with self._lock:
             return set(self._view(view))
+
+    def check_as_of(self, view: str, as_of: int | None) -> None:
+        """Nothing is compacted: every ``as_of`` of a view that exists can be read."""
+        with self._lock:
+            self._view(view)
+
+    def record(self, view: str) -> ViewRecord:
+        raise StoreError(f"view {view!r} lives in this process's memory: it has no files another process could read")
 
     def health(self) -> str | None:
         """Always alive: it lives in this process."""

@@ -50,7 +50,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from contract.zset import Row, ZSet
-from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, StoreError
+from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, Engine, StoreError
 from warehouse.store.compaction import ZlogStats
 from warehouse.store.file_access import store_files
 from warehouse.store.spark_compaction import write_compacted
@@ -121,6 +121,10 @@ class SparkStore:
             if record is not None:
                 self._views[view] = self._attach(view, ViewMeta.from_record(record))
         self._remove_orphans()
+
+    @property
+    def engine(self) -> Engine:
+        return "spark"
 
     @property
     def spark(self) -> SparkSession:
