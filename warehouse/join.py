@@ -36,6 +36,32 @@ def distinct_keys(partial: ZSet, step: SweepStep) -> list[Row]:
     return list(dict.fromkeys(key(row) for row in partial.rows()))
 
 
+def key_chunks(partial: ZSet, step: SweepStep, most: int) -> list[tuple[ZSet, list[Row]]]:
+    """``partial`` cut by its keys into parts of at most ``most`` distinct keys each, with
+    their keys: the subquery of each part ships those keys only. The parts add up to
+    ``partial`` and no key is in two of them, so ``Σ (part ⋈ R) = partial ⋈ R``.
+
+    >>> from contract.expr import Col
+    >>> step = SweepStep(1, (Col("r", "a"), Col("r", "b")), (Col("r", "b"),), None)
+    >>> parts = key_chunks(ZSet({(1, 10): 1, (2, 10): 1, (3, 20): 2, (4, 30): -1}), step, 2)
+    >>> [(sorted(part.items()), keys) for part, keys in parts]
+    [([((1, 10), 1), ((2, 10), 1), ((3, 20), 2)], [(10,), (20,)]), ([((4, 30), -1)], [(30,)])]
+    """
+    key = key_function(step)
+    parts: dict[Row, int] = {}  # key -> index of its part
+    chunks: list[tuple[ZSet, list[Row]]] = []
+    for row, weight in partial.items():
+        k = key(row)
+        index = parts.get(k)
+        if index is None:
+            if not chunks or len(chunks[-1][1]) >= most:
+                chunks.append((ZSet(), []))
+            index = parts[k] = len(chunks) - 1
+            chunks[index][1].append(k)
+        chunks[index][0].add(row, weight)
+    return chunks
+
+
 def extend(partial: ZSet, step: SweepStep, keys: Sequence[Row], answer: Iterable[tuple[int, Row, int]]) -> ZSet:
     """Join ``partial`` with a source's answer ``(key index, relation row, count)``."""
     matches: dict[Row, list[tuple[Row, int]]] = defaultdict(list)

@@ -11,6 +11,12 @@ the unit's effect.
 Every subquery carries the time its unit started as its priority: a source with more
 subqueries waiting than it answers at once serves the oldest unit first
 (``wrappers.priority``).
+
+A step whose partial result has more distinct keys than ``KEYS_PER_SUBQUERY`` is asked in
+parts (``join.key_chunks``), one after the other: each part is a subquery of its own, with
+its own snapshot and watermark, and is compensated against its own watermark. The parts
+share no key, so the sum of their exact joins is the step's exact join; no key list is ever
+too long for the wire, and a source never holds one huge request.
 """
 
 from __future__ import annotations
@@ -23,10 +29,15 @@ from dataclasses import dataclass, field
 from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
-from warehouse.join import distinct_keys, extend, local_join
+from warehouse.join import distinct_keys, extend, key_chunks, local_join
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
+
+KEYS_PER_SUBQUERY = 20_000
+"""The most keys one subquery ships (the wire takes ``MAX_SUBQUERY_KEYS``): a larger step is
+asked in parts, so a request and its answer stay a size a source and the manager handle
+in one piece."""
 
 
 @dataclass
@@ -62,8 +73,27 @@ class ViewChange:
     async def _process_subquery(
         self, unit: Unit, term: int, step: SweepStep, partial: ZSet, priority: float, stats: ChangeStats
     ) -> ZSet:
-        relation = self.plan.relations[step.relation]
         keys = distinct_keys(partial, step)
+        if len(keys) <= KEYS_PER_SUBQUERY:
+            return await self._ask(unit, term, step, partial, keys, priority, stats)
+        result = ZSet()
+        for part, part_keys in key_chunks(partial, step, KEYS_PER_SUBQUERY):
+            result.add_all(await self._ask(unit, term, step, part, part_keys, priority, stats))
+        return result
+
+    async def _ask(
+        self,
+        unit: Unit,
+        term: int,
+        step: SweepStep,
+        partial: ZSet,
+        keys: list[tuple],
+        priority: float,
+        stats: ChangeStats,
+    ) -> ZSet:
+        """``partial ⋈ R`` for one subquery of ``keys`` (every key of ``partial``), compensated
+        against its answer's watermark."""
+        relation = self.plan.relations[step.relation]
         started = time.perf_counter()
         answer = await self.sources[relation.source].subquery(self._request(step, keys, priority))
         stats.subqueries += 1
