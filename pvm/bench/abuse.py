@@ -56,10 +56,15 @@ VIEW_SQL = (
     "WHERE o.customer_id = c.id AND o.product_id = p.id"
 )
 ATTACKS = ("heavy_queries", "bad_tokens", "row_pages", "bad_updates")
-# Queries that blow up, modelled on what an outside review sent: a 2 GiB string per row, a
-# plan that doubles twelve times (4,096 view scans), and 2000^5 rows of a cross join.
+# Queries that blow up, modelled on what an outside review sent: a 2 GiB string per row (the
+# check refuses it), text that doubles per row past any heap (it reaches the query process
+# and ends it: its sender is suspended), a plan that doubles twelve times (4,096 view scans),
+# and 2000^5 rows of a cross join.
 HEAVY_QUERIES = {
     "lpad": f"SELECT length(lpad(customer, 2147483647, 'y')) FROM {VIEW} LIMIT 1",
+    "doubling": (
+        f"SELECT length(aggregate(collect_list(a.customer), 'y', (acc, x) -> concat(acc, acc))) FROM {VIEW} a, {VIEW} b"
+    ),
     "cte_chain": (
         f"WITH c0 AS (SELECT order_id FROM {VIEW}), "
         + ", ".join(
@@ -324,7 +329,7 @@ def attack(kind: str, url: str, credentials: dict, begin: float, until: float, s
 
 def _heavy_query(client, tally: Tally, credentials, settings, rng, i: int) -> None:
     # cheap refusals first in each round, so that the queries that reach Spark interleave
-    name = ("cte_chain", "cross_join", "lpad")[i % 3]
+    name = ("cte_chain", "lpad", "cross_join", "doubling")[i % 4]
     token = credentials["analysts"][i % len(credentials["analysts"])]
     tally.send(
         client,

@@ -98,7 +98,12 @@ async def test_a_query_that_kills_the_jvm_restarts_only_the_query_process(
     try:
         _, token = await issue(manager, "analyst")
         async with client_of(manager, token) as api:
-            sql = f"SELECT length(lpad(CAST(id AS STRING), 2147483647, 'y')) FROM {view} LIMIT 1"
+            # text that doubles for every row of a cross join: past any heap, yet no single
+            # call names a size the check could refuse (lpad(x, 2147483647) it refuses)
+            sql = (
+                "SELECT length(aggregate(collect_list(CAST(a.id AS STRING)), 'y', (acc, x) -> concat(acc, acc))) "
+                f"FROM {view} a, {view} b"
+            )
             answer = await api.post("/v1/query", json={"sql": sql})
             assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
             assert "restarted" in answer.json()["detail"]
