@@ -59,7 +59,14 @@ from sqlglot.errors import SqlglotError
 
 from api.auth import Principal
 from warehouse import sql_bounds
-from warehouse.analysts.supervisor import AnalystError, AnalystProcess
+from warehouse.analysts.supervisor import (
+    AnalystError,
+    AnalystProcess,
+    AnalystsBusy,
+    AnalystsUnavailable,
+    QueryRefused,
+    QueryTimedOut,
+)
 from warehouse.errors import Refused, Unsupported
 from warehouse.manager import Manager
 from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
@@ -824,10 +831,28 @@ def analysts_of(manager: Manager) -> AnalystProcess:
     return manager.analysts
 
 
+ANALYST_STATUSES: dict[type[AnalystError], int] = {
+    AnalystsUnavailable: 503,  # starting or restarting: ask again (Retry-After)
+    AnalystsBusy: 429,  # over a limit, or suspended (Retry-After)
+    QueryTimedOut: 400,
+    QueryRefused: 400,
+}
+
+
+def analyst_status(exc: AnalystError) -> int:
+    """The HTTP status of an analysts' refusal or failure: its kind's, the nearest one up.
+
+    >>> from warehouse.analysts.supervisor import AnalystSuspended
+    >>> analyst_status(AnalystSuspended("suspended", retry_after=30.0))
+    429
+    """
+    return next((ANALYST_STATUSES[k] for k in type(exc).__mro__ if k in ANALYST_STATUSES), 400)
+
+
 def analyst_error(exc: AnalystError) -> HTTPException:
     """The HTTP answer to analysts' work the query process refused or could not do."""
     headers = None if exc.retry_after is None else {"Retry-After": str(int(exc.retry_after))}
-    return HTTPException(status_code=exc.status, detail=str(exc), headers=headers)
+    return HTTPException(status_code=analyst_status(exc), detail=str(exc), headers=headers)
 
 
 @router.post(

@@ -184,6 +184,7 @@ async def test_a_token_whose_work_keeps_ending_the_process_is_suspended(tmp_path
     are refused for a while (429 with Retry-After), and the others go on."""
     from types import SimpleNamespace
 
+    from api.analyst import analyst_status
     from warehouse.analysts.supervisor import AnalystsUnavailable, AnalystSuspended
 
     process = AnalystProcess(AnalystSettings(work_dir=tmp_path, concurrency=4, per_principal=2))
@@ -200,7 +201,7 @@ async def test_a_token_whose_work_keeps_ending_the_process_is_suspended(tmp_path
         process._ready.set()
     with pytest.raises(AnalystSuspended, match="refused for") as refused:
         await process.query("SELECT 1", 10, "mallory")
-    assert refused.value.status == 429 and 25 <= refused.value.retry_after <= 30
+    assert analyst_status(refused.value) == 429 and 25 <= refused.value.retry_after <= 30
     assert process.suspensions.strikes("mallory") == 2
     with pytest.raises(AnalystsUnavailable):  # anyone else is still let in
         await process.query("SELECT 1", 10, "alice")

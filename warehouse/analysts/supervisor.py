@@ -74,23 +74,21 @@ _JSON = {"content-type": "application/json"}
 
 
 class AnalystError(Exception):
-    """Analysts' work the manager refuses or could not do; ``status`` is the HTTP status."""
+    """Analysts' work the manager refuses or could not do (``api/analyst.py`` answers each
+    kind with its HTTP status); ``retry_after``: seconds after which asking again may work."""
 
-    status = 400
     retry_after: float | None = None
 
 
 class AnalystsUnavailable(AnalystError):
     """The process is starting or restarting."""
 
-    status = 503
     retry_after = 5.0
 
 
 class AnalystsBusy(AnalystError):
     """Over a concurrency limit."""
 
-    status = 429
     retry_after = 1.0
 
 
@@ -161,13 +159,11 @@ class Suspensions:
 
 
 class QueryTimedOut(AnalystError):
-    status = 400
+    """The query ran past the timeout; its work was stopped."""
 
 
 class QueryRefused(AnalystError):
     """Spark refused or failed the query (an unknown column, a failed cast, …)."""
-
-    status = 400
 
 
 @dataclass(frozen=True)
