@@ -266,3 +266,21 @@ def test_flags_and_nargs_of_any_parser(tmp_path: Path) -> None:
     assert (args.color, args.fast, args.names) == (False, True, ["a", "b"])
     assert parser.parse_args(["--config", str(config), "--no-fast", "--names", "c"]).fast is False
     assert "verbose" not in config_file.keys(parser)  # a counter is not set from a file
+
+
+# -- the examples of docs/configuration.md -------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def test_the_documented_examples_are_accepted(tmp_path: Path) -> None:
+    blocks = DOCS.read_text().split("```toml\n")[1:]
+    examples = [block.split("```")[0] for block in blocks]
+    assert len(examples) == 3
+    manager, *wrappers = examples
+    args = parse("serve", "--config", str(write(tmp_path, manager, "manager.toml")))
+    assert args.data_dir == Path("/var/lib/pvm") and args.catalog_file == Path("/etc/pvm/secrets/catalog-url")
+    assert args.spark_conf == ["spark.driver.memory=4g", "spark.sql.shuffle.partitions=8"]
+    for i, text in enumerate(wrappers):
+        args = parse("wrapper", "run", "--config", str(write(tmp_path, text, f"wrapper{i}.toml")))
+        assert args.source in ("shop", "legacy") and args.token_file is not None
