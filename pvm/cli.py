@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("pvm.serve", "run the manager (HTTP API, maintenance, view store)"),
@@ -40,6 +42,19 @@ class CliError(Exception):
     """A problem with the user's input: printed as ``pvm: error: …``, exit status 2."""
 
 
+class Parser(argparse.ArgumentParser):
+    """The parser of ``pvm`` and of every subcommand: one with a ``--config`` option
+    (``pvm.config_file.add_to``) also takes its options from that TOML file."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        if not any(action.dest == "config" for action in self._actions):
+            return super().parse_known_args(words, namespace)
+        from pvm import config_file
+
+        return config_file.parse_known_args(self, super().parse_known_args, words, namespace)
+
+
 def _add(sub, name: str, module: str, help_text: str, chosen: bool) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
     if chosen:
@@ -49,7 +64,7 @@ def _add(sub, name: str, module: str, help_text: str, chosen: bool) -> None:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     words = [a for a in argv if not a.startswith("-")]
-    parser = argparse.ArgumentParser(prog="pvm", description="Parallel view maintenance for data warehouses.")
+    parser = Parser(prog="pvm", description="Parallel view maintenance for data warehouses.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         _add(sub, name, module, help_text, words[:1] == [name])
@@ -62,8 +77,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
     try:
+        args = build_parser(argv).parse_args(argv)  # CliError for a bad --config file
         return int(importlib.import_module(args._module).run(args) or 0)
     except CliError as exc:
         print(f"pvm: error: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,10 @@ from pathlib import Path
 from pvm.cli import CliError
 
 log = logging.getLogger("pvm.secrets")
+
+# The parser actions each SecretOption added (its flag and its file twin), so that a
+# configuration file can tell a secret from any other option (pvm/config_file.py).
+_ACTIONS: weakref.WeakKeyDictionary[argparse.Action, SecretOption] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,16 @@ class SecretOption:
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         """Add ``flag`` (unless ``on_command_line`` is False) and ``flag-file``."""
         if self.on_command_line:
-            parser.add_argument(self.flag, default=None, help=f"{self.help} (or {self.file_flag} FILE, or ${self.env})")
+            flag = parser.add_argument(
+                self.flag, default=None, help=f"{self.help} (or {self.file_flag} FILE, or ${self.env})"
+            )
+            _ACTIONS[flag] = self
         what = self.flag if self.on_command_line else f"{self.help} (default: ${self.env})"
-        parser.add_argument(
-            self.file_flag, type=Path, default=None, metavar="FILE", help=f"read {what} from the first line of FILE"
-        )
+        _ACTIONS[
+            parser.add_argument(
+                self.file_flag, type=Path, default=None, metavar="FILE", help=f"read {what} from the first line of FILE"
+            )
+        ] = self
 
     def value(self, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str | None:
         """The value from the command line, else the file, else the environment (None if
@@ -71,7 +81,7 @@ class SecretOption:
         if path is not None:
             return read_secret_file(path, self.file_flag)
         if given is not None:
-            if self._is_secret(given):
+            if self.holds_secret(given):
                 log.warning(
                     "%s was given on the command line, where every user of this machine can read it (ps); "
                     "use %s FILE or $%s instead", self.flag, self.file_flag, self.env,
@@ -83,7 +93,8 @@ class SecretOption:
         """Put ``value`` into ``args`` under ``dest``, where the rest of the command reads it."""
         setattr(args, self.dest, self.value(args, environ))
 
-    def _is_secret(self, value: str) -> bool:
+    def holds_secret(self, value: str) -> bool:
+        """Whether ``value`` of ``flag`` is a secret: always, but for a URL without a password."""
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
@@ -93,6 +104,11 @@ class SecretOption:
             return make_url(value).password is not None
         except ArgumentError:  # not a URL at all: refused later, with its own message
             return False
+
+
+def secret_of(action: argparse.Action) -> SecretOption | None:
+    """The SecretOption that added ``action`` (its flag or its file twin), None for any other."""
+    return _ACTIONS.get(action)
 
 
 def read_secret_file(path: Path, flag: str) -> str:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pvm import config_file
 from pvm.cli import CliError
 from pvm.secret_options import SecretOption
 
@@ -29,6 +30,7 @@ log = logging.getLogger("pvm.serve")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    config_file.add_to(parser)
     parser.add_argument(
         "--data-dir",
         type=Path,

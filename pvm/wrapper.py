@@ -11,6 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from pvm import config_file
 from pvm.cli import CliError
 from pvm.secret_options import SecretOption
 
@@ -186,6 +187,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         description="Capture committed changes of the source, ship them to the manager in seq order, "
         "and answer maintenance subqueries over HTTP.",
     )
+    config_file.add_to(run_p)
     run_p.add_argument("--source", required=True, help="the source's name as registered in the manager")
     _source_arguments(run_p)
     run_p.add_argument("--manager", required=True, help="base URL of the manager, e.g. http://127.0.0.1:8000")
@@ -364,6 +366,7 @@ def _serve(args: argparse.Namespace) -> int:
         option.resolve(args)
     restrict_umask()  # before anything is written: state, outbox and replica hold source data
     application_token = _application_token(args)
+    tables, capture = _tables(args.tables), _capture_config(args)  # refused before the socket
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
@@ -371,14 +374,14 @@ def _serve(args: argparse.Namespace) -> int:
     config = WrapperConfig(
         source=args.source,
         url=args.url,
-        tables=_tables(args.tables),
+        tables=tables,
         manager_url=args.manager,
         token=args.token,
         state_dir=args.state_dir or default_state_dir(),
         poll_interval=args.poll_interval,
         query_delay_ms=args.query_delay_ms,
         max_concurrent_queries=args.max_concurrent_queries,
-        capture=_capture_config(args),
+        capture=capture,
         max_value_bytes=args.max_value_bytes,
     )
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from pvm.config_file import ENV as CONFIG_ENV
 from pvm.wrapper import MANAGER_TOKEN_ENV, SOURCE_URL_ENV, TOKEN_ENV
 from wrappers.errors import WrapperError
 
@@ -104,7 +105,7 @@ def start_wrapper(
         *capture_args,  # e.g. ["--capture", "timestamp", "--timestamp-column", "updated_at"]
     ]  # fmt: skip
     env = dict(os.environ)
-    for name in (SOURCE_URL_ENV, TOKEN_ENV, MANAGER_TOKEN_ENV):
+    for name in (SOURCE_URL_ENV, TOKEN_ENV, MANAGER_TOKEN_ENV, CONFIG_ENV):  # the command line says it all
         env.pop(name, None)
     if url is not None:  # None: snapshot capture of --dump-dir
         env[SOURCE_URL_ENV] = url
