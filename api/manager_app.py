@@ -22,6 +22,7 @@ from fastapi import Depends, FastAPI
 
 from api import analyst
 from api.auth import TokenVerifier, verifier_for
+from api.docs import serve_docs_offline
 from api.ingest import document_update_batch
 from api.manager_errors import add_error_handlers
 from api.manager_middleware import BodyLimit, StartingGate
@@ -77,6 +78,8 @@ def create_app(
             "(see `Retry-After`), 502 a source's wrapper failed."
         ),
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's docs pages load their scripts from a CDN: serve_docs_offline below
+        redoc_url=None,
         openapi_tags=[
             {"name": "updates", "description": "Wrappers ship their source's committed changes."},
             {"name": "sources", "description": "Sources and their wrappers."},
@@ -91,6 +94,7 @@ def create_app(
     app.add_middleware(BodyLimit, default=max_body_bytes, limits={"/v1/updates": max_update_bytes})
     app.add_middleware(StartingGate, manager=manager)
     add_error_handlers(app)
+    serve_docs_offline(app)
     app.include_router(service.router_for(manager, app))
     app.include_router(updates.router_for(manager))
     document_update_batch(app)

@@ -28,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from api import application_changes
+from api.docs import serve_docs_offline
 from contract.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
@@ -136,7 +137,10 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
         title=f"PVM wrapper of source {wrapper.config.source}",
         description="Captures committed changes of one source and answers maintenance subqueries.",
         lifespan=lifespan,
+        docs_url=None,  # served by serve_docs_offline, without a CDN
+        redoc_url=None,
     )
+    serve_docs_offline(app)
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, exc: InvalidRequest) -> JSONResponse:

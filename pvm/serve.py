@@ -166,7 +166,8 @@ def open_store(
     from warehouse.store.spark_session import get_spark
 
     spark_dir = store_files().make_dir(data_dir / "spark")
-    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host)
+    # Spark's own log lines go to <data-dir>/spark.log: the terminal has the service's
+    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host, log_dir=data_dir)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
 
 

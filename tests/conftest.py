@@ -5,6 +5,8 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 - ``spark``: needs the shared Spark session. Every test under ``tests/spark/`` has it.
 - ``servers``: needs the PostgreSQL and MariaDB servers (``bash scripts/services.sh``). A test
   that takes one of the fixtures below has it without saying so.
+- ``browser``: drives headless Chromium, which ``scripts/setup.sh`` installs; it fails, rather
+  than skips, without it. It needs neither Spark nor the servers, and takes a few seconds.
 
 ``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
 """

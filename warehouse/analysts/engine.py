@@ -290,7 +290,7 @@ SPARK_DEFAULTS: dict[str, str] = {
 
 
 def start_spark(args: argparse.Namespace) -> Any:
-    from pyspark.sql import SparkSession
+    from warehouse.store.spark_session import log_settings, start_session
 
     work = Path(args.work_dir)
     (work / "tmp").mkdir(parents=True, exist_ok=True)
@@ -306,9 +306,5 @@ def start_spark(args: argparse.Namespace) -> Any:
     for pair in args.spark_conf:
         key, _, value = pair.partition("=")
         settings[key] = value
-    builder = SparkSession.builder.master(args.master).appName("pvm-analysts")
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(settings["spark.log.level"])
-    return spark
+    # Spark's own lines go to the work dir's spark.log; query-process.log keeps the process's
+    return start_session(args.master, "pvm-analysts", log_settings(work, settings), work)

@@ -2,10 +2,16 @@
 
 A session costs about 10 s and 1.4 GiB to start, so the service (and a test run) starts one
 and shares it: every ``SparkStore`` and every analyst query of a process goes through it.
+
+Spark's own logs (its JVM's log4j lines, and whatever else the JVM writes to stderr) go to
+``spark.log`` in the directory the caller names (``pvm serve``: the data directory), not to
+the terminal, where the service's own lines are (``log_settings``, ``start_session``).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +48,114 @@ _DEFAULTS: dict[str, str] = {
     "spark.log.level": "ERROR",
 }
 
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+LOG4J_OPTION = "-Dlog4j2.configurationFile="
+LOG_FILE = "spark.log"
+LOG4J_FILE = "spark-log4j2.properties"
+
+# Spark's default profile, less the console: everything to the file, warnings and worse (the
+# session then sets its level to ``spark.log.level``).
+_LOG4J_PROPERTIES = """\
+# Written by pvm each time Spark starts: where Spark's own log lines go.
+status = error
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.append = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+# chatty third parties, as in Spark's defaults
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+logger.hive.name = org.apache.hadoop.hive.metastore.RetryingHMSHandler
+logger.hive.level = fatal
+"""
+
+
+def with_log_config(java_options: str, config: Path) -> str:
+    """``java_options`` with the JVM told to read its log4j configuration from ``config``,
+    unless they name a configuration already (a deployment's own, ``pvm serve --spark-conf``).
+
+    >>> with_log_config("-XX:TieredStopAtLevel=1", Path("/var/pvm/spark-log4j2.properties"))
+    '-XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=/var/pvm/spark-log4j2.properties'
+    >>> with_log_config("", Path("/my data/log.properties"))
+    "-Dlog4j2.configurationFile='/my data/log.properties'"
+    >>> with_log_config("-Dlog4j2.configurationFile=mine.properties", Path("/x"))
+    '-Dlog4j2.configurationFile=mine.properties'
+    """
+    if LOG4J_OPTION in java_options:
+        return java_options
+    return f"{java_options} {LOG4J_OPTION}{shlex.quote(str(config))}".strip()
+
+
+def log_settings(log_dir: Path, settings: Mapping[str, str]) -> dict[str, str]:
+    """Write the log4j configuration that sends Spark's logs to ``log_dir/spark.log`` and
+    return ``settings`` whose driver Java options read it (after whatever options they have)."""
+    log_dir = Path(log_dir).resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = log_dir / LOG4J_FILE
+    log_file = str(log_dir / LOG_FILE).replace("\\", "\\\\")
+    config.write_text(_LOG4J_PROPERTIES.format(log_file=log_file))
+    return {**settings, JAVA_OPTIONS: with_log_config(settings.get(JAVA_OPTIONS, ""), config)}
+
+
+def session_settings(
+    warehouse_dir: Path | None = None,
+    conf: Mapping[str, str] | None = None,
+    host: str = "127.0.0.1",
+    log_dir: Path | None = None,
+) -> dict[str, str]:
+    """The settings ``get_spark`` starts its session with: the defaults, the driver bound to
+    ``host``, the store's file modes, then ``conf`` over them, and with ``log_dir`` Spark's
+    logs sent to ``log_dir/spark.log`` (also when ``conf`` replaces the Java options)."""
+    settings = {**_DEFAULTS, **bind_settings(host), **file_access.spark_settings()}
+    if warehouse_dir is not None:
+        settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
+    settings.update(conf or {})
+    if log_dir is not None:
+        settings = log_settings(log_dir, settings)
+    return settings
+
+
+def start_session(master: str, app_name: str, settings: Mapping[str, str], log_dir: Path | None = None) -> SparkSession:
+    """Start (or get) the process's session with ``settings``. With ``log_dir``, the JVM's
+    stderr goes to ``log_dir/spark.log`` too (lines no log4j configuration reaches, such as the
+    JVM's own warnings), and the error of a JVM that would not start quotes its last lines."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    driver_host = settings.get("spark.driver.host")
+    if driver_host and "SPARK_LOCAL_IP" not in os.environ:
+        # what Spark would otherwise look up (and warn about) before it reads its settings
+        os.environ["SPARK_LOCAL_IP"] = driver_host
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    if log_dir is not None and SparkContext._gateway is None:
+        conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+        log_file = Path(log_dir) / LOG_FILE
+        with open(log_file, "ab") as err:
+            try:
+                gateway = launch_gateway(conf, popen_kwargs={"stderr": err})
+            except Exception as exc:
+                raise RuntimeError(f"Spark did not start; the end of {log_file}:\n{_tail(log_file)}") from exc
+        SparkContext._ensure_initialized(gateway=gateway)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.get("spark.log.level", "ERROR"))
+    return spark
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -68,6 +182,7 @@ def get_spark(
     app_name: str = "pvm",
     conf: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
+    log_dir: Path | None = None,
 ) -> SparkSession:
     """Return the process's Spark session, starting it on first use.
 
@@ -76,19 +191,14 @@ def get_spark(
     nothing lands in the working directory. The driver's ports listen on ``host``
     (``bind_settings``) and the store's files get the modes of ``file_access.store_files()``.
     ``conf`` overrides all of these (tests use it to pin ``spark.sql.shuffle.partitions``, a
-    deployment may set ``spark.driver.host``). Arguments of later calls are ignored: the
-    session, its master and its static settings are fixed for the life of the process.
+    deployment may set ``spark.driver.host``). With ``log_dir`` Spark's logs go to
+    ``log_dir/spark.log`` (``session_settings``, ``start_session``). Arguments of later calls
+    are ignored: the session, its master and its static settings are fixed for the life of
+    the process.
     """
     global _session
     with _lock:
         if _session is None:
-            builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-            settings = {**_DEFAULTS, **bind_settings(host), **file_access.spark_settings()}
-            if warehouse_dir is not None:
-                settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
-            settings.update(conf or {})
-            for key, value in settings.items():
-                builder = builder.config(key, value)
-            _session = builder.getOrCreate()
-            _session.sparkContext.setLogLevel(settings["spark.log.level"])
+            settings = session_settings(warehouse_dir, conf, host, log_dir)
+            _session = start_session(master or "local[*]", app_name, settings, log_dir)
         return _session
