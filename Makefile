@@ -12,11 +12,13 @@ demo: setup
 	$(VENV)/bin/pvm demo
 
 test: setup
+	@bash scripts/test_tools.sh
 	@bash scripts/services.sh
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
-# no Spark, no database servers: a minute or two
+# no Spark, no database servers: a few minutes
 test-fast: setup
+	@bash scripts/test_tools.sh
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not servers"
 
 check: setup

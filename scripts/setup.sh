@@ -11,11 +11,6 @@ if ! command -v java >/dev/null 2>&1; then
   echo "setup: installing a Java runtime for Spark" >&2
   apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
-if ! command -v chromium >/dev/null 2>&1; then
-  # headless, for the test that the API docs render without internet access
-  echo "setup: installing Chromium" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV" >&2
   mkdir -p "$(dirname "$VENV")"
