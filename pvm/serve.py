@@ -46,7 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="spark",
         help="where views live: Spark tables, or in memory for quick runs (default: spark)",
     )
-    parser.add_argument("--spark-master", default=None, help="Spark master URL (default: embedded local[*])")
+    parser.add_argument(
+        "--spark-master",
+        default=None,
+        help="Spark master URL, e.g. spark://HOST:7077 (default: embedded local[*]); "
+        "a spark:// master that does not answer stops the start",
+    )
     parser.add_argument(
         "--spark-conf",
         action="append",
@@ -167,7 +172,17 @@ def open_store(
 
     spark_dir = store_files().make_dir(data_dir / "spark")
     # Spark's own log lines go to <data-dir>/spark.log: the terminal has the service's
-    spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host, log_dir=data_dir)
+    try:
+        spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host, log_dir=data_dir)
+    except Exception as exc:
+        if master is None:
+            raise
+        # e.g. a port that accepts connections but is no Spark master: Spark gives up after
+        # three registrations of 20 s and reports only "a stopped SparkContext"
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliError(
+            f"--spark-master {master}: Spark did not start on this master ({first_line}); see {data_dir / 'spark.log'}"
+        ) from exc
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
 
 
@@ -331,6 +346,45 @@ async def start_services(
     log.info("manager started in %.1f s", time.perf_counter() - started)
 
 
+SPARK_MASTER_CONNECT_TIMEOUT_S = 10.0
+
+
+def spark_master_addresses(master: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` of each master of a ``spark://`` URL (several with standby
+    masters, ``spark://h1:7077,h2:7077``); CliError for a URL Spark could not parse either.
+
+    >>> spark_master_addresses("spark://10.0.0.5:7077,[::1]:7078")
+    [('10.0.0.5', 7077), ('::1', 7078)]
+    """
+    addresses = []
+    for part in master.removeprefix("spark://").split(","):
+        host, sep, port = part.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536) or "/" in part:
+            raise CliError(f"--spark-master {master}: expected spark://HOST:PORT (or spark://HOST:PORT,HOST:PORT,…)")
+        addresses.append((host, int(port)))
+    return addresses
+
+
+def check_spark_master(master: str | None, timeout_s: float = SPARK_MASTER_CONNECT_TIMEOUT_S) -> None:
+    """CliError naming the URL unless some master of a ``spark://`` URL accepts a connection
+    within ``timeout_s``: Spark itself would try to register for a minute, then fail with
+    "Cannot call methods on a stopped SparkContext". Other masters (``local[…]``, ``yarn``,
+    ``k8s://…``) are left to Spark."""
+    import socket
+
+    if not master or not master.startswith("spark://"):
+        return
+    problems = []
+    for host, port in spark_master_addresses(master):
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            return
+        except OSError as exc:
+            problems.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise CliError(f"--spark-master {master}: no Spark master answers ({'; '.join(problems)})")
+
+
 def check_options(args: argparse.Namespace) -> dict[str, str]:
     """CliError naming the first option that cannot work; starts nothing. Returns the
     ``--spark-conf`` settings; ``args.catalog`` holds the catalog URL, from wherever it was
@@ -352,6 +406,7 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
             raise CliError("--compaction-interval must be positive")
         check_analyst_options(args)
         check_connect_exposure(args)
+        check_spark_master(args.spark_master)
     elif args.connect_port >= 0:
         raise CliError("--connect-port needs the Spark store (--store spark)")
     return spark_conf

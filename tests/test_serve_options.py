@@ -5,13 +5,15 @@ query process, and how long compacted table versions are kept for analysts' quer
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 
 import api.analyst
 from pvm import serve
-from pvm.cli import build_parser, main
+from pvm.cli import CliError, build_parser, main
 from warehouse.store.spark_connect import ConnectError, is_loopback, start_connect_server
 
 
@@ -221,3 +223,53 @@ def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host:
         main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1", "--host", host])
     assert seen == {"host": host}
     assert bind_settings(host)["spark.driver.bindAddress"] == host
+
+
+# -- --spark-master ------------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again when it returns: nothing listens there
+
+
+def test_a_spark_master_that_does_not_answer_stops_the_start_at_once(tmp_path, capsys) -> None:
+    data, master = tmp_path / "data", f"spark://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    code, err = pvm(capsys, "serve", "--data-dir", str(data), "--port", "0", "--spark-master", master)
+    assert code == 2 and time.monotonic() - started < 10, err
+    assert f"pvm: error: --spark-master {master}: no Spark master answers" in err and "refused" in err
+    assert not data.exists()  # refused before the catalog, the socket or Spark
+
+
+@pytest.mark.parametrize("master", ["spark://nohost", "spark://h:port", "spark://h:7077/x", "spark://:7077"])
+def test_a_malformed_spark_master_is_refused(tmp_path, capsys, master: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "data"), "--port", "0", "--spark-master", master)
+    assert code == 2 and f"--spark-master {master}: expected spark://HOST:PORT" in err
+
+
+def test_one_answering_master_of_several_is_enough() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        serve.check_spark_master(f"spark://127.0.0.1:{closed_port()},127.0.0.1:{port}")
+    serve.check_spark_master("local[2]")  # other masters are Spark's to judge
+    serve.check_spark_master(None)
+
+
+def test_a_session_that_fails_on_the_master_names_it(tmp_path, monkeypatch) -> None:
+    """A port that accepts connections but is no master: Spark gives up after a minute with
+    only "Cannot call methods on a stopped SparkContext"."""
+    import warehouse.store.spark_session
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("Cannot call methods on a stopped SparkContext.\nThis stopped SparkContext …")
+
+    monkeypatch.setattr(warehouse.store.spark_session, "get_spark", fail)
+    with pytest.raises(CliError) as refused:
+        serve.open_store("spark", tmp_path, "spark://10.9.9.9:7077", "sqlite:///:memory:")
+    message = str(refused.value)
+    assert message.startswith("--spark-master spark://10.9.9.9:7077: Spark did not start on this master")
+    assert "stopped SparkContext." in message and str(tmp_path / "spark.log") in message

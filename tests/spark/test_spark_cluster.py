@@ -1,0 +1,132 @@
+"""``deploy/spark-cluster.sh``: a standalone master and a worker from the pip-installed
+PySpark, on loopback, run a job and a view store's commit and read, and leave no process
+behind once stopped.
+
+The session on the cluster runs in a child process: the suite's own session (``local[2]``)
+lives in this one, and a process has one SparkContext, whose master is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "spark-cluster.sh"
+
+JOB = """
+import json, sys
+from pathlib import Path
+from contract.zset import ZSet
+from warehouse.store.base import Effect
+from warehouse.store.spark import SparkStore
+from warehouse.store.spark_session import get_spark
+
+master, work = sys.argv[1], Path(sys.argv[2])
+spark = get_spark(
+    master=master,
+    warehouse_dir=work / "warehouse",
+    conf={"spark.executor.memory": "512m", "spark.cores.max": "1"},
+    log_dir=work,
+)
+total = spark.range(1000).selectExpr("sum(id)").collect()[0][0]
+store = SparkStore(spark, work / "store")
+store.create("v", ["id", "name"], ["BIGINT", "STRING"])
+store.commit("v", [Effect(1, ZSet({(1, "a"): 1, (2, "b"): 2})), Effect(2, ZSet({(1, "a"): -1}))])
+store.publish("v", 2)
+described = spark.sql(f"DESCRIBE FORMATTED {SparkStore.zlog_table('v')}").collect()
+print(json.dumps({
+    "master": spark.sparkContext.master,
+    "total": total,
+    "rows": sorted(store.read_rows("v")),
+    "executors": spark.sparkContext._jsc.sc().getExecutorIds().size(),
+    "location": next(row.data_type for row in described if row.col_name == "Location"),
+}))
+spark.stop()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def process_groups() -> dict[int, list[int]]:
+    """Every process group of the machine and its processes."""
+    groups: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            groups.setdefault(int(fields[2]), []).append(int(entry.name))
+    return groups
+
+
+def cluster(command: str, run_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), command, "--run-dir", str(run_dir), "--python", sys.executable, *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_master_and_a_worker_run_a_job_and_the_store(tmp_path: Path) -> None:
+    run_dir = tmp_path / "cluster"
+    port, webui, worker_webui = free_port(), free_port(), free_port()
+    options = ["--host", "127.0.0.1", "--master-port", str(port), "--master-webui-port", str(webui)]
+    options += ["--worker-webui-port", str(worker_webui), "--workers", "1", "--worker-memory", "1g"]
+    options += ["--timeout", "50"]
+    try:
+        started = cluster("start", run_dir, *options)
+        assert started.returncode == 0, started.stderr
+        assert f"spark://127.0.0.1:{port} with 1 workers" in started.stdout
+        status = cluster("status", run_dir)
+        assert status.returncode == 0 and "master: running" in status.stdout and "worker-1: running" in status.stdout
+        daemons = [int((run_dir / f"{name}.pid").read_text()) for name in ("master", "worker-1")]
+
+        master = f"spark://127.0.0.1:{port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        job = subprocess.run(
+            [sys.executable, "-c", JOB, master, str(tmp_path / "job")],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert job.returncode == 0, job.stderr[-3000:] + (tmp_path / "job" / "spark.log").read_text()[-3000:]
+        result = json.loads(job.stdout.strip().splitlines()[-1])
+        assert result["master"] == master and result["total"] == 499500
+        assert result["rows"] == [[2, "b"], [2, "b"]]
+        assert result["executors"] >= 1
+        # the z-log is on the local file system, written by the worker's executor
+        store = tmp_path / "job" / "store"
+        assert result["location"].startswith(f"file:{store}/views/v/zlog/")
+        assert list((store / "views" / "v" / "zlog").rglob("*.parquet"))
+        # the executor ran under the worker: its application's directory is in the work dir
+        assert any(path.name.startswith("app-") for path in (run_dir / "work-1").iterdir())
+    finally:
+        stopped = cluster("stop", run_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not list(run_dir.glob("*.pid"))
+    left = {pgid: pids for pgid, pids in process_groups().items() if pgid in daemons}
+    assert not left, f"processes left after stop: {left}"
+    status = cluster("status", run_dir)
+    assert status.returncode == 3 and "master: stopped" in status.stdout
+
+
+def test_bad_options_are_refused(tmp_path: Path) -> None:
+    wrong = cluster("start", tmp_path, "--master-port", "seventy")
+    assert wrong.returncode == 1 and "not a number: 'seventy'" in wrong.stderr
+    unknown = cluster("start", tmp_path, "--master", "x")
+    assert unknown.returncode == 1 and "unknown option --master" in unknown.stderr
+    assert cluster("restart", tmp_path).returncode == 2
+    assert not list(tmp_path.glob("*.pid"))
