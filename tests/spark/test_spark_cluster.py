@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +133,46 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
     assert unknown.returncode == 1 and "unknown option --master" in unknown.stderr
     assert cluster("restart", tmp_path).returncode == 2
     assert not list(tmp_path.glob("*.pid"))
+
+
+def alive_workers(webui: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{webui}/json/", timeout=2) as answer:
+            return int(json.load(answer).get("aliveworkers", 0))
+    except OSError:
+        return 0
+
+
+def test_the_daemons_run_in_the_foreground_from_the_environment(tmp_path: Path) -> None:
+    """What the systemd units run: ``master`` and ``worker`` with their settings from the
+    environment (the units' /etc/pvm/spark.env), each ended by SIGTERM."""
+    port, webui, worker_webui = free_port(), free_port(), free_port()
+    env = {
+        **os.environ,
+        "PVM_PYTHON": sys.executable,
+        "SPARK_CLUSTER_HOST": "127.0.0.1",
+        "SPARK_MASTER_PORT": str(port),
+        "SPARK_MASTER_WEBUI_PORT": str(webui),
+        "SPARK_MASTER_URL": f"spark://127.0.0.1:{port}",
+        "SPARK_WORKER_CORES": "1",
+        "SPARK_WORKER_MEMORY": "512m",
+        "SPARK_WORKER_WEBUI_PORT": str(worker_webui),
+        "SPARK_CLUSTER_DIR": str(tmp_path / "run"),
+    }
+    daemons = []
+    try:
+        for role in ("master", "worker"):
+            with open(tmp_path / f"{role}.log", "wb") as log:  # the daemon keeps its own copy
+                daemons.append(subprocess.Popen([str(SCRIPT), role], env=env, stdout=log, stderr=log, cwd=tmp_path))
+        deadline = time.monotonic() + 60
+        while alive_workers(webui) < 1:
+            assert all(daemon.poll() is None for daemon in daemons), (tmp_path / "worker.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the worker did not register"
+            time.sleep(0.5)
+        assert (tmp_path / "run" / "work-1").is_dir()
+    finally:
+        for daemon in reversed(daemons):
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=30)
+    # the JVM exits 143 on SIGTERM: the units take it as a clean stop (SuccessExitStatus=143)
+    assert [daemon.returncode for daemon in daemons] == [143, 143]
