@@ -128,23 +128,26 @@ launch() { # $1 name; the rest: the command. Own session (process group), log an
 }
 
 stop_one() { # $1 name
-  local pidfile=$run_dir/$1.pid pid
-  if ! running "$pidfile"; then
-    rm -f "$pidfile"
-    return
+  local pidfile=$run_dir/$1.pid pid deadline
+  if running "$pidfile"; then
+    pid=$(<"$pidfile")
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + timeout))
+    while kill -0 -- "-$pid" 2>/dev/null; do
+      if ((SECONDS >= deadline)); then
+        echo "spark-cluster: $1 (pid $pid) did not stop in ${timeout}s: killed" >&2
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        break
+      fi
+      sleep 0.2
+    done
   fi
-  pid=$(<"$pidfile")
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  local deadline=$((SECONDS + timeout))
-  while kill -0 -- "-$pid" 2>/dev/null; do
-    if ((SECONDS >= deadline)); then
-      echo "spark-cluster: $1 (pid $pid) did not stop in ${timeout}s: killed" >&2
-      kill -KILL -- "-$pid" 2>/dev/null || true
-      break
-    fi
-    sleep 0.2
-  done
   rm -f "$pidfile"
+}
+
+stop_all() {
+  local name
+  for name in $(names); do stop_one "$name"; done
 }
 
 names() { # the daemons of this run directory, workers first
@@ -166,6 +169,8 @@ case $command in
   start)
     mkdir -p "$run_dir"
     run_dir=$(cd "$run_dir" && pwd)
+    # a start that fails stops what it started: nothing is left running half configured
+    trap 'if (($? != 0)); then stop_all; fi' EXIT
     # shellcheck disable=SC2046
     launch master $(master_command)
     wait_for_port "$host" "$master_port" "$run_dir/master.pid"
@@ -183,11 +188,12 @@ case $command in
       ((SECONDS < deadline)) || die "$workers workers did not register in ${timeout}s; see $run_dir/worker-*.log"
       sleep 0.5
     done
+    trap - EXIT
     echo "spark-cluster: $master_url with $workers workers (logs and pids in $run_dir)"
     ;;
   stop)
     [[ -d $run_dir ]] || exit 0
-    for name in $(names); do stop_one "$name"; done
+    stop_all
     ;;
   status)
     status=0

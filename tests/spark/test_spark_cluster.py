@@ -176,3 +176,14 @@ def test_the_daemons_run_in_the_foreground_from_the_environment(tmp_path: Path) 
             daemon.wait(timeout=30)
     # the JVM exits 143 on SIGTERM: the units take it as a clean stop (SuccessExitStatus=143)
     assert [daemon.returncode for daemon in daemons] == [143, 143]
+
+
+def test_a_start_that_fails_stops_what_it_started(tmp_path: Path) -> None:
+    run_dir = tmp_path / "cluster"
+    options = ["--master-port", str(free_port()), "--master-webui-port", str(free_port())]
+    options += ["--worker-webui-port", str(free_port()), "--worker-memory", "lots", "--timeout", "50"]
+    started = cluster("start", run_dir, *options)
+    assert started.returncode == 1 and "worker-1 ended; see" in started.stderr
+    assert "Worker" in (run_dir / "worker-1.log").read_text()  # the worker's own complaint
+    assert not list(run_dir.glob("*.pid"))
+    assert cluster("status", run_dir).returncode == 3
