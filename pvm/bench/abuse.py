@@ -34,18 +34,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import queue
 import random
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from pvm.bench.spark_deployment import populate_sources, quantile, running_analysts, write_transactions
+from pvm.bench.spark_deployment import (
+    measured,
+    populate_sources,
+    quantile,
+    running_analysts,
+    start_spark_store,
+    write_figures,
+    write_transactions,
+)
 from pvm.cli import CliError
 from pvm.demo import SCHEMAS
 
@@ -136,31 +142,17 @@ def run(args: argparse.Namespace) -> int:
     if min(args.parallelism, args.batch_size, args.max_requests) < 1 or args.bad_token_rate <= 0:
         raise CliError("--parallelism, --batch-size, --max-requests and --bad-token-rate must be positive")
     args.attack_kinds = attacks
-    if args.data_dir is None:
-        with tempfile.TemporaryDirectory(prefix="pvm-bench-abuse-") as tmp:
-            figures = measure(args, Path(tmp))
-    else:
-        args.data_dir.mkdir(parents=True, exist_ok=True)
-        figures = measure(args, args.data_dir)
+    figures = measured(args, "pvm-bench-abuse-", measure)
     report(figures)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
-        png = args.json.with_suffix(".png")
-        plot(figures, png)
-        print(f"wrote {args.json} and {png}")
+    write_figures(args.json, figures, plot)
     return 0
 
 
 def measure(args: argparse.Namespace, data_dir: Path) -> dict:
     from rich.console import Console
 
-    from pvm.local_deployment import catalog_url
-    from pvm.serve import open_store
-
     console = Console(stderr=True)
-    with console.status("starting Spark"):
-        store = open_store("spark", data_dir, None, catalog_url(data_dir))
+    store = start_spark_store(data_dir, console)
     return asyncio.run(AbuseRun(args, data_dir, store, console).run())
 
 

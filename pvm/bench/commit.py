@@ -25,18 +25,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import queue
 import random
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pvm.bench.spark_deployment import populate_sources, running_analysts, write_transactions
+from pvm.bench.spark_deployment import (
+    measured,
+    populate_sources,
+    running_analysts,
+    start_spark_store,
+    write_figures,
+    write_transactions,
+)
 from pvm.bench.spark_deployment import quantile as _quantile
 from pvm.cli import CliError
 from pvm.demo import SCHEMAS
@@ -103,17 +108,9 @@ def run(args: argparse.Namespace) -> int:
         < 1
     ):
         raise CliError("the sizes and counts must be >= 1")
-    if args.data_dir is None:
-        with tempfile.TemporaryDirectory(prefix="pvm-bench-commit-") as tmp:
-            figures = measure(args, Path(tmp))
-    else:
-        args.data_dir.mkdir(parents=True, exist_ok=True)
-        figures = measure(args, args.data_dir)
+    figures = measured(args, "pvm-bench-commit-", measure)
     report(figures)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2))
-        print(f"wrote {args.json}")
+    write_figures(args.json, figures)
     return 0
 
 
@@ -121,12 +118,9 @@ def measure(args: argparse.Namespace, data_dir: Path) -> dict:
     from rich.console import Console
 
     from pvm.bench.grouped_appends import bench_commit
-    from pvm.local_deployment import catalog_url
-    from pvm.serve import open_store
 
     console = Console(stderr=True)
-    with console.status("starting Spark"):
-        store = open_store("spark", data_dir, None, catalog_url(data_dir))
+    store = start_spark_store(data_dir, console)
     with console.status("grouped commits against one append per effect"):
         commit = bench_commit(
             store,

@@ -6,12 +6,15 @@ subscribed to the store for the length of a run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sqlite3
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from pvm.demo import SCHEMAS, empty_sources
 
@@ -110,3 +113,36 @@ async def running_analysts(store, settings) -> AsyncIterator:
     finally:
         store.unsubscribe(analysts.publish)
         await asyncio.to_thread(analysts.stop)
+
+
+def measured(args: Any, prefix: str, measure: Callable[[Any, Path], dict]) -> dict:
+    """``measure(args, data_dir)`` in ``args.data_dir`` (made if missing), or in a temporary
+    directory named ``prefix…`` that is removed afterwards."""
+    if args.data_dir is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            return measure(args, Path(tmp))
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    return measure(args, args.data_dir)
+
+
+def start_spark_store(data_dir: Path, console: Any) -> Any:
+    """The Spark view store of a benchmark's deployment in ``data_dir``, as ``pvm serve`` opens it."""
+    from pvm.local_deployment import catalog_url
+    from pvm.serve import open_store
+
+    with console.status("starting Spark"):
+        return open_store("spark", data_dir, None, catalog_url(data_dir))
+
+
+def write_figures(path: Path | None, figures: dict, plot: Callable[[dict, Path], None] | None = None) -> None:
+    """The figures as JSON at ``path`` (nothing without one), and ``plot``'s PNG next to it."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2))
+    if plot is None:
+        print(f"wrote {path}")
+        return
+    png = path.with_suffix(".png")
+    plot(figures, png)
+    print(f"wrote {path} and {png}")
