@@ -35,7 +35,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from warehouse.analysts.engine import CONNECT_TOKEN_ENV, Engine, QueryFailed, spark_message, start_spark, watch_jvm
+from warehouse.analysts.engine import (
+    CONNECT_TOKEN_ENV,
+    Engine,
+    QueryFailed,
+    exit_with_parent,
+    spark_message,
+    start_spark,
+    watch_jvm,
+)
 from warehouse.analysts.messages import (
     Cancel,
     Published,
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reap-after", type=float, default=10.0, help="seconds cancelled tasks may keep running")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    exit_with_parent()  # before Spark starts: an orphan must not get as far as a JVM of its own
 
     spark = start_spark(args)
     connect_port = None

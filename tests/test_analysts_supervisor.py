@@ -206,3 +206,51 @@ async def test_a_token_whose_work_keeps_ending_the_process_is_suspended(tmp_path
     with pytest.raises(AnalystsUnavailable):  # anyone else is still let in
         await process.query("SELECT 1", 10, "alice")
     process._checks.shutdown()
+
+
+def test_the_process_ends_with_the_manager_that_started_it(tmp_path) -> None:
+    """A manager killed with -9 cannot end its analysts' query process: the process ends
+    itself, JVM and all, instead of every restart leaving one more behind."""
+    import os
+    import signal
+    import sys
+    import time
+
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-m', 'api.analysts_worker', '--socket', sys.argv[1],"
+            " '--work-dir', sys.argv[2]], start_new_session=True,"
+            " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(120)\n",
+            str(tmp_path / "q.sock"),
+            str(tmp_path / "work"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+
+    def group_alive() -> bool:
+        try:
+            os.killpg(worker, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    time.sleep(1.0)
+    assert group_alive()  # the worker runs (it is starting its Spark)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(10)
+
+    deadline = time.monotonic() + 20
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = group_alive()
+    if alive:
+        os.killpg(worker, signal.SIGKILL)
+    assert not alive, "the orphaned query process (or its JVM) kept running"

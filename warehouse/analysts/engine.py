@@ -20,6 +20,7 @@ import decimal
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ knows it (passed in the environment, never on the command line)."""
 
 JVM_DIED_EXIT = 70
 ZOMBIES_EXIT = 71
+ORPHANED_EXIT = 72
 
 T = TypeVar("T")
 
@@ -239,6 +241,25 @@ def exit_if_jvm_gone(spark: Any) -> None:
         log.error("the JVM is gone (%s): exiting", spark_message(exc))
         logging.shutdown()
         os._exit(JVM_DIED_EXIT)
+
+
+def exit_with_parent(interval: float = 1.0) -> None:
+    """End this process, and its JVM, once the manager that started it is gone: a manager
+    killed with -9 cannot end it, and every restart would leave one more JVM holding its
+    memory. The supervisor starts it as the leader of a process group of its own, so the
+    whole group goes; started any other way, only this process exits."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        log.error("the manager that started this process is gone: exiting")
+        logging.shutdown()
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(ORPHANED_EXIT)
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 
 def watch_jvm(engine: Engine, reap_after: float, interval: float = 1.0) -> None:
