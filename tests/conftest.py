@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,46 +34,39 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.servers)
 
 
+@contextmanager
+def created(admin_url: str, create: str, drop: str) -> Iterator[None]:
+    """Run ``create`` on the server of ``admin_url``, and ``drop`` once the block is done."""
+    admin = admin_engine(admin_url)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(create)
+    try:
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(drop)
+        admin.dispose()
+
+
 @pytest.fixture()
 def pg_url() -> Iterator[str]:
     """A URL whose current schema is a fresh, empty schema of the test database."""
     schema = unique_name()
-    admin = admin_engine(PG_ADMIN)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    try:
+    with created(PG_ADMIN, f"CREATE SCHEMA {schema}", f"DROP SCHEMA {schema} CASCADE"):
         yield pg_schema_url(schema)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-        admin.dispose()
 
 
 @pytest.fixture()
 def maria_url() -> Iterator[str]:
     """A URL of a fresh, empty MariaDB database."""
     database = unique_name()
-    admin = admin_engine(MARIADB_ADMIN)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
-    try:
+    with created(MARIADB_ADMIN, f"CREATE DATABASE {database} CHARACTER SET utf8mb4", f"DROP DATABASE {database}"):
         yield f"mysql+pymysql://root@127.0.0.1:3306/{database}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE {database}")
-        admin.dispose()
 
 
 @pytest.fixture
 def postgresql_catalog() -> Iterator[str]:
     """The URL of a fresh PostgreSQL database for a catalog, dropped afterwards."""
     name = f"pvm_catalog_{uuid.uuid4().hex[:10]}"
-    admin = admin_engine(PG_ADMIN)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
+    with created(PG_ADMIN, f"CREATE DATABASE {name}", f"DROP DATABASE {name} WITH (FORCE)"):
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE {name} WITH (FORCE)")
-        admin.dispose()
