@@ -98,6 +98,7 @@ class SimSource:
         return {t: TableSchema(cols, self.declared[t], ()) for t, cols in self.tables.items()}
 
     async def set_interest(self, interest: Interest) -> int:
+        self.interest = interest  # what the manager last asked this source to capture
         async with self._lock:
             await self._ship_locked()
             return len(self.shipped)

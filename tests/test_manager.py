@@ -555,3 +555,32 @@ async def test_the_managers_health_names_sources_whose_capture_is_blocked(tmp_pa
             assert ready.status_code == 200 and ready.json()["sources"] == problems
     finally:
         await manager.stop()
+
+
+class RefusingStore(MemoryStore):
+    """A store whose ``create`` fails after the view passed every check (a full disk, say)."""
+
+    def create(self, view, columns, types=None) -> None:
+        raise StoreError("no space left on the store's volume")
+
+
+async def test_a_definition_that_fails_half_way_leaves_nothing_behind(tmp_path):
+    catalog = tmp_path / "c.db"
+    manager, sources = await start_sim_manager(catalog, TABLES, store=RefusingStore())
+    try:
+        with pytest.raises(StoreError, match="no space"):
+            await manager.define_view(VIEW, "v")
+        assert "v" not in manager.views
+        assert await manager.db(Catalog.views) == {}
+        for source in sources.values():  # the sources no longer capture for the view
+            assert source.interest.relations == {}
+    finally:
+        await manager.stop()
+    manager2, _ = await start_sim_manager(catalog, TABLES, sources=sources)
+    try:
+        assert "v" not in manager2.views
+        await manager2.define_view(VIEW, "v")
+        await manager2.wait_idle("v")
+        assert manager2.status("v")["state"] == "active"
+    finally:
+        await manager2.stop()

@@ -362,19 +362,36 @@ class Manager:
             )
             handle = self._new_handle(info, plan, self.new_protocol(parallelism, batch_size))
             self.views[plan.name] = handle  # from here on, updates of its sources are routed to it
+            recorded = False
             try:
                 bases = {s: await self._push_interest(s) for s in plan.sources}
                 info.bases = bases
                 await self.db(Catalog.add_view, info)
+                recorded = True
                 await self._blocking(self.view_store.create, plan.name, plan.output_names, types)
             except BaseException:
                 del self.views[plan.name]
+                await self._forget_failed_view(plan, recorded)
                 raise
             handle.bases = bases
             handle.maintainer.protocol.drop_queued(bases)
             handle.maintainer.start()
             await handle.maintainer.begin_initial_load()
             return info
+
+    async def _forget_failed_view(self, plan: ViewPlan, recorded: bool) -> None:
+        """Undo what a definition that failed half-way did, so nothing of it stays behind.
+
+        A view left in the catalog would come back at the next start, and its sources would
+        keep capturing the columns it asked for.
+        """
+        try:
+            if recorded:
+                await self.db(Catalog.drop_view, plan.name)
+            for source in plan.sources:
+                await self._push_interest(source)
+        except Exception:  # the definition's own error is what the caller must see
+            log.exception("could not undo the failed definition of view %s", plan.name)
 
     async def drop_view(self, name: str) -> None:
         handle = self.view(name)
