@@ -54,10 +54,22 @@ _BOOLEAN = {"BOOLEAN", "BOOL", "BIT"}
 _PARAMS = re.compile(r"\([^)]*\)")
 
 
+def is_array_type(sql_type: str) -> bool:
+    """Whether a declared type holds arrays (``INTEGER[]``, ``INT ARRAY``): lists, whatever
+    the family of their elements.
+
+    >>> [is_array_type(t) for t in ("INTEGER[]", "VARCHAR(20)[]", "INT ARRAY", "ARRAY<INT>", "INTEGER")]
+    [True, True, True, True, False]
+    """
+    text = sql_type.upper().strip()
+    return text.endswith(("]", " ARRAY")) or text.startswith("ARRAY")
+
+
 def spark_type(sql_type: str | None) -> str | None:
     """The Spark SQL type for a declared source column type; None where the values are kept
-    as JSON text (unknown, empty, or a family without a lossless Spark equivalent here)."""
-    if not sql_type:
+    as JSON text (unknown, empty, an array, or a family without a lossless Spark equivalent
+    here)."""
+    if not sql_type or is_array_type(sql_type):
         return None
     text = sql_type.upper()
     width = _PARAMS.search(text)

@@ -51,7 +51,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Literal
 
-from contract.column_types import spark_type
+from contract.column_types import is_array_type, spark_type
 from contract.schemas import INT64_MAX
 
 Family = Literal["integer", "float", "numeric", "boolean", "text", "date"]
@@ -96,8 +96,15 @@ def source_family(type_name: str | None) -> Family | None:
 
     >>> [source_family(t) for t in ("BIGINT", "TINYINT(1)", "DECIMAL(8,2)", "DOUBLE", "VARCHAR(20)", "DATE", "BLOB")]
     ['integer', 'boolean', 'numeric', 'float', 'text', 'date', None]
+
+    An array (PostgreSQL's ``INTEGER[]``) holds lists, not its elements' family:
+
+    >>> source_family("INTEGER[]"), source_family("VARCHAR(20)[]"), source_family("INT ARRAY")
+    (None, None, None)
     """
     name = (type_name or "").upper()
+    if is_array_type(name):
+        return None
     if name.startswith(("BOOL", "TINYINT(1)")):
         return "boolean"
     if "INT" in name and "INTERVAL" not in name and "POINT" not in name:
