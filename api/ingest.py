@@ -39,6 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from contract.schemas import MAX_CHANGES_PER_UPDATE, Change, UpdateBatch
+from contract.value_fit import INT64_MAX, INT64_MIN
 from warehouse.receiver import PlainUpdate
 
 SLICE = 1000  # changes validated per call: ~2 ms of GIL
@@ -120,12 +121,40 @@ def _parse(body: bytes) -> Any:
         reason = str(error).splitlines()[0] if str(error) else "the body is empty"
         where = f"in the first {reader.offset} bytes" if reader.offset > 0 else "at the start"
         if "overflow" in reason:
-            raise HTTPException(
-                422,
-                f"a number {where} of the body is out of range ({reason}): integers must fit in signed 64 bits, "
-                "floats below 1.8e308",
-            ) from None
+            return _parse_past_overflow(body, f"a number {where} of the body is out of range ({reason})")
         raise HTTPException(400, f"malformed JSON body: {reason} ({where})") from None
+
+
+def _parse_past_overflow(body: bytes, reason: str) -> Any:
+    """The body the C parser called out of range, read again by ijson's Python parser.
+
+    The C parser (yajl) reads a negative integer as a positive one and then negates it, so it
+    refuses -2**63, which fits in 64 bits. The Python parser reads integers of any size: the
+    document is taken if every integer in it fits, else refused (422) as before. Only bodies
+    with such a number pay for the slower parser.
+    """
+    from ijson.backends import python as ijson_python
+
+    out_of_range = HTTPException(422, f"{reason}: integers must fit in signed 64 bits, floats below 1.8e308")
+    if "integer" not in reason:
+        raise out_of_range
+    try:
+        [document] = ijson_python.items(io.BytesIO(body), "", use_float=True)
+    except (ijson.JSONError, ValueError):
+        raise out_of_range from None
+    if not _integers_fit(document):
+        raise out_of_range
+    return document
+
+
+def _integers_fit(value: Any) -> bool:
+    if type(value) is int:
+        return INT64_MIN <= value <= INT64_MAX
+    if isinstance(value, dict):
+        return all(_integers_fit(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_integers_fit(v) for v in value)
+    return True
 
 
 def _skeleton(document: Any) -> tuple[UpdateBatch | None, list[dict[str, Any]]]:

@@ -3,6 +3,7 @@ one object, so that a row's insert and delete still cancel in a Z-set."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -101,3 +102,23 @@ def test_nan_compares_as_in_postgresql_and_spark() -> None:
     assert holds("<>", NAN) == [False, True, True]
     assert holds("<", math.inf) == [False, False, True]
     assert holds("=", "text") == [False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("number", "taken"), [(-(2**63), True), (2**63 - 1, True), (-(2**63) - 1, False), (2**63, False)]
+)
+def test_the_batch_parser_takes_every_64_bit_integer_and_no_other(number: int, taken: bool) -> None:
+    from fastapi import HTTPException
+
+    from api.ingest import read_batch
+
+    body = json.dumps(
+        {"source": "s", "updates": [{"seq": 1, "changes": [{"relation": "R", "sign": 1, "row": {"k": number}}]}]}
+    )
+    if taken:
+        [update] = read_batch(body.encode()).updates
+        assert update.changes[0]["row"]["k"] == number
+    else:
+        with pytest.raises(HTTPException) as refused:
+            read_batch(body.encode())
+        assert refused.value.status_code == 422 and "signed 64 bits" in refused.value.detail
