@@ -66,6 +66,9 @@ TABLES: dict[str, dict[str, str]] = {
     },
 }
 
+INDEXES = {"my": ["CREATE INDEX orders_customer ON orders (o_w_id, o_d_id, o_c_id)"]}
+"""TPC-C's secondary index of orders by customer: a customer's change joins through it."""
+
 VIEWS = {
     # undelivered orders and who placed them: MariaDB and PostgreSQL
     "new_order_customers": "CREATE VIEW new_order_customers AS SELECT o.o_w_id, o.o_d_id, o.o_id, o.o_ol_cnt, "
@@ -151,6 +154,8 @@ def create(urls: dict[str, str], size: Size, seed: int) -> None:
                         sa.text(f"INSERT INTO {table} VALUES ({marks})"),
                         [{f"p{k}": v for k, v in enumerate(r)} for r in rows[table]],
                     )
+            for ddl in INDEXES.get(source, []):
+                conn.exec_driver_sql(ddl)
         engine.dispose()
 
 
