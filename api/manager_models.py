@@ -206,7 +206,7 @@ VIEW_EXAMPLE: dict[str, Any] = {
     "lag_updates": 9,
     "lag_seconds": 0.42,
     "batching": {
-        "shop": {"c1_s": 0.021, "set_fixed_s": 0.024, "set_per_update_s": 0.0008, "crossover": 1.183},
+        "shop": {"c1_s": 0.021, "set_fixed_s": 0.024, "set_per_update_s": 0.0008, "crossover": 1.188},
         "crm": {"c1_s": 0.018, "set_fixed_s": None, "set_per_update_s": None, "crossover": 1.0},
     },
     "row_count": 1840,
