@@ -152,7 +152,6 @@ class Workload:
         self.views: list[str] = args.view_names
         self.publishes: dict[str, tuple[list[float], list[int]]] = {v: ([], []) for v in self.views}
         self.after = dict.fromkeys(TABLES, 0)  # per source, the last seq of the log already traced
-        self.started = time.time()
 
     async def run(self) -> dict:
         publish = self.store.publish
