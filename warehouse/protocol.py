@@ -191,7 +191,7 @@ class ViewProtocol:
 
     def batch(self, source: str) -> int:
         """How many queued updates of ``source`` the next unit takes (``warehouse.batching``):
-        one while a free PPU slot's share of the queue is below the source's measured
+        one while a free PPU slot's share of the queue is at or below the source's measured
         crossover (Park's eq. 4.3), so that at low load each update runs in a unit of its own,
         in parallel (PVM); above it the share, at most ``batch_size``, maintained
         set-oriented (Park's token sets), so that a backlog costs a few subqueries per unit
