@@ -142,8 +142,9 @@ class ViewIn(BaseModel):
         default=DEFAULT_BATCH_SIZE,
         ge=1,
         le=10_000,
-        description="at most this many queued updates of one source per unit: a backlog is spread over the free PPU "
-        "slots and maintained set-oriented; 1 maintains one update per unit",
+        description="at most this many queued updates of one source per unit. Below it the unit size is adaptive: one "
+        "update per unit while a free PPU slot's share of the queue is below the source's measured crossover point, "
+        "that share (maintained set-oriented) above it; 1 maintains one update per unit",
     )
     commit_mode: Literal["out_of_order", "arrival"] = Field(
         default="out_of_order",
@@ -162,6 +163,18 @@ class ViewCountersOut(BaseModel):
     commit_groups: int
     peak_running: int
     retries: int = Field(description="steps repeated after a transient fault")
+
+
+class BatchingOut(BaseModel):
+    c1_s: float | None = Field(description="mean time to maintain a unit of one update of this source (C1)")
+    set_fixed_s: float | None = Field(
+        description="a set's cost line: its fixed part (null until sets of two sizes ran)"
+    )
+    set_per_update_s: float | None = Field(description="a set's cost line: its part per update")
+    crossover: float | None = Field(
+        description="Park's crossover point (eq. 4.3): queued updates per free PPU slot above which a unit takes a set; "
+        "1 until measured, null when sets cost more per update than single units (none are made)"
+    )
 
 
 class RetryOut(BaseModel):
@@ -192,6 +205,10 @@ VIEW_EXAMPLE: dict[str, Any] = {
     "updates_pending": 7,
     "lag_updates": 9,
     "lag_seconds": 0.42,
+    "batching": {
+        "shop": {"c1_s": 0.021, "set_fixed_s": 0.024, "set_per_update_s": 0.0008, "crossover": 1.188},
+        "crm": {"c1_s": 0.018, "set_fixed_s": None, "set_per_update_s": None, "crossover": 1.0},
+    },
     "row_count": 1840,
     "row_count_as_of": 318,
     "counters": {
@@ -248,6 +265,10 @@ class ViewOut(BaseModel):
     lag_seconds: float = Field(
         description="age of the oldest update not visible at W: received, but in no unit committed at or below W "
         "(queued, being maintained, or maintained above W); 0 when every received update is visible"
+    )
+    batching: dict[str, BatchingOut] = Field(
+        default_factory=dict,
+        description="per source, what its units cost (running means) and the unit size they imply (docs/protocol.md)",
     )
     row_count: int | None = Field(
         description="rows of the view as of row_count_as_of (W; a slow store recounts every few seconds)"

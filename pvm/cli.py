@@ -31,6 +31,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
     ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),
+    "workload": (
+        "pvm.bench.workload",
+        "a CH-benCHmark-style load over PostgreSQL + MariaDB + SQLite at a rate ramp: freshness, lag, CPU",
+    ),
     "abuse": (
         "pvm.bench.abuse",
         "view lag, W progress and memory of a deployment quiet, then under attack through its API",

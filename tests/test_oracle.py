@@ -43,7 +43,7 @@ from tests.virtual_time import InlineExecutor, run_in_virtual_time
 from warehouse import view_change
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
-from warehouse.protocol import ViewProtocol
+from warehouse.protocol import DEFAULT_BATCH_SIZE, ViewProtocol
 from warehouse.store.base import ViewStore
 from warehouse.store.memory import MemoryStore
 
@@ -69,6 +69,8 @@ class Outcome:
     compensations: int
     answers: list[tuple]  # every subquery answer in the order given: (time, source, relation, keys, watermark)
     commits: list[tuple[str, tuple[int, ...]]]  # every store write in write order: (view, its orders)
+    set_units: int = 0  # units of more than one update
+    measured_crossovers: int = 0  # sources whose crossover came from measured costs, not the prior
 
     @property
     def interleaving(self) -> tuple:
@@ -124,10 +126,10 @@ def migrated_catalog() -> Path:
 
 
 def schedule(
-    tmp_path, seed: int, protocol: type[ViewProtocol] | None = None, store: RecordingStore | None = None
+    tmp_path, seed: int, protocol: type[ViewProtocol] | None = None, store: RecordingStore | None = None, **options
 ) -> Outcome:
-    """Run schedule ``seed`` on a loop of its own, in virtual time."""
-    return run_in_virtual_time(run_schedule(tmp_path, seed, protocol, store))
+    """Run schedule ``seed`` on a loop of its own, in virtual time (``options``: of ``run_schedule``)."""
+    return run_in_virtual_time(run_schedule(tmp_path, seed, protocol, store, **options))
 
 
 async def run_schedule(
@@ -137,6 +139,7 @@ async def run_schedule(
     store: ViewStore | None = None,
     transactions: int = 24,
     inline: bool = True,
+    batch_sizes: tuple[int, ...] = (1, 1, 2, 3, DEFAULT_BATCH_SIZE),  # the default: adaptive
 ) -> Outcome:
     """The schedule of ``seed``; replays only on a ``VirtualTimeLoop`` (``schedule``), with the
     blocking calls ``inline`` (a store of real jobs, Spark's, runs them on threads instead,
@@ -184,7 +187,7 @@ async def run_schedule(
             sql,
             name=name,
             parallelism=rng.choice([1, 2, 3, 4, 8]),
-            batch_size=rng.choice([1, 1, 2, 3]),
+            batch_size=rng.choice(batch_sizes),
             commit_mode=rng.choice(["out_of_order", "out_of_order", "arrival"]),
         )
     await load
@@ -201,6 +204,9 @@ async def run_schedule(
         )
         outcome.watermarks[name] = manager.watermark(name)
         outcome.compensations += manager.views[name].maintainer.counters.compensations
+        outcome.set_units += sum(len(u.log_ids) > 1 for u in await manager.db(Catalog.units, name))
+        costs = manager.views[name].maintainer.protocol.costs.values()
+        outcome.measured_crossovers += sum(c.c1 is not None and c.line() is not None for c in costs)
     await manager.stop()
     return outcome
 
@@ -249,6 +255,19 @@ def test_schedules_exercise_concurrency(tmp_path):
     outcomes = [schedule(tmp_path, 1000 + seed) for seed in range(10)]
     assert sum(o.compensations for o in outcomes) > 100
     assert sum(o.out_of_order for o in outcomes) >= 3
+
+
+def test_adaptive_batching_matches_recomputation(tmp_path):
+    """Every view with the default batch size (adaptive, ``warehouse.batching``), on schedules
+    long enough that backlogs are maintained as sets and crossovers are measured: the views
+    still equal recomputation as of every W."""
+    seeds = range(3000, 3006)
+    outcomes = [schedule(tmp_path, seed, batch_sizes=(DEFAULT_BATCH_SIZE,), transactions=80) for seed in seeds]
+    for seed, outcome in zip(seeds, outcomes):
+        assert not outcome.mismatches, (seed, outcome.mismatches)
+    assert sum(o.set_units for o in outcomes) > 10
+    assert sum(o.measured_crossovers for o in outcomes) >= 1
+    assert sum(o.compensations for o in outcomes) > 0
 
 
 REPLAYED_SEED = 1003  # one that compensates and commits out of order

@@ -37,7 +37,7 @@ from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
 from warehouse.sources import SourceClient, SourceError
 from warehouse.sources import is_transient as source_unavailable
 from warehouse.store import Effect, StoreError, ViewStore
-from warehouse.view_change import ViewChange
+from warehouse.view_change import ChangeStats, ViewChange
 
 log = logging.getLogger(__name__)
 
@@ -277,10 +277,20 @@ class ViewMaintainer:
         task.add_done_callback(self._tasks.discard)
 
     async def _maintain(self, unit: Unit) -> None:
+        clock = asyncio.get_running_loop().time  # the loop's: virtual in the replayed schedules
+        took = 0.0
+
+        async def attempt() -> tuple[ZSet, ChangeStats]:
+            nonlocal took
+            began = clock()
+            done = await self.view_change.run(unit)
+            took = clock() - began  # the attempt that succeeded: what a unit of its size costs
+            return done
+
         try:
             effect, stats = await self._retrying(
                 f"order {unit.order}",
-                lambda: self.view_change.run(unit),
+                attempt,
                 lambda exc: self.failed is None and is_transient(exc),  # a failed view stops retrying
             )
         except asyncio.CancelledError:
@@ -297,6 +307,7 @@ class ViewMaintainer:
         for source, seconds in stats.subquery_seconds.items():
             for value in seconds:
                 self.counters.subquery(source, value)
+        self.protocol.measured(unit, took)  # what the next units' sizes follow
         self.protocol.finish(unit)
         self.progress_at = time.monotonic()
         self.counters.units_maintained += 1

@@ -623,6 +623,7 @@ class Manager:
             "units_waiting": progress.waiting,
             "units_retained": progress.retained,
             **view_progress(handle),
+            "batching": {source: costs.summary() for source, costs in sorted(m.protocol.costs.items())},
             "counters": {
                 "updates_received": c.updates_received,
                 "units_started": c.units_started,

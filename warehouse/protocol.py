@@ -9,7 +9,8 @@ compensate when an answer arrives, and the answer is decided by the state at tha
   have no order number and count as later than every numbered unit.
 * **PPU** (parallel processing updates): units being maintained, at most ``parallelism``.
   ``start`` moves the front of the UMQ into the PPU and gives it the next order number; a
-  unit is one update, or a batch of queued updates of one source (Park's token sets).
+  unit is one update, or a batch of queued updates of one source (Park's token sets), as
+  many as ``warehouse.batching`` decides from the backlog and the measured unit costs.
 * **RPU** (related processed updates): maintained units kept while a unit with a smaller
   order number is still in the PPU, because that unit may still receive answers reflecting
   them (the paper's Definition 1 and 2, Lemma 3).
@@ -54,10 +55,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from contract.zset import ZSet
+from warehouse.batching import SourceCosts, unit_size
 from warehouse.update_index import SourceRuns, UpdateQueue
 
 DEFAULT_BATCH_SIZE = 1000
-"""A view's ``batch_size`` unless defined with one: units take a backlog set-oriented."""
+"""A view's ``batch_size`` unless defined with one: the most updates a unit takes when a
+backlog is maintained set-oriented (``warehouse.batching`` decides how many)."""
 
 INITIAL_TERM = -1
 """The term of the initial load: it reads every relation, so every update ordered after
@@ -145,6 +148,8 @@ class ViewProtocol:
     arrived: dict[int, float] = field(default_factory=dict)
     # every update compensation may need (queued, running, waiting, retained), by source
     live: SourceRuns = field(default_factory=SourceRuns, repr=False)
+    # what each source's units cost: running aggregates that ``batch`` decides from
+    costs: dict[str, SourceCosts] = field(default_factory=dict, repr=False)
 
     # -- AssignTimeStamp: an update arrives ----------------------------------------------
     def receive(self, update: ViewUpdate) -> None:
@@ -185,12 +190,13 @@ class ViewProtocol:
         return unit
 
     def batch(self, source: str) -> int:
-        """How many queued updates of ``source`` the next unit takes: the queue spread over
-        the free PPU slots, at most ``batch_size``. A queue no longer than the free slots runs
-        one update per unit, each in parallel (PVM); a longer one is maintained set-oriented
-        (Park's token sets), so a backlog costs a few subqueries per unit instead of a few per
-        update, and its length never piles up compensation. ``batch_size`` 1 is PVM as the
-        paper runs it.
+        """How many queued updates of ``source`` the next unit takes (``warehouse.batching``):
+        one while a free PPU slot's share of the queue is at or below the source's measured
+        crossover (Park's eq. 4.3), so that at low load each update runs in a unit of its own,
+        in parallel (PVM); above it the share, at most ``batch_size``, maintained
+        set-oriented (Park's token sets), so that a backlog costs a few subqueries per unit
+        instead of a few per update, and its length never piles up compensation.
+        ``batch_size`` 1 is PVM as the paper runs it.
 
         >>> p = ViewProtocol(parallelism=4, batch_size=100)
         >>> for seq in range(1, 11):
@@ -198,8 +204,26 @@ class ViewProtocol:
         >>> p.batch("s"), len(p.start().updates), len(p.start().updates)  # 10 over 4 free slots, then 7 over 3
         (3, 3, 3)
         """
-        free = max(1, self.parallelism - len(self.ppu))
-        return max(1, min(self.batch_size, math.ceil(len(self.umq) / free)))
+        free = self.parallelism - len(self.ppu)
+        return unit_size(len(self.umq), free, self.costs_of(source).crossover(), self.batch_size)
+
+    def costs_of(self, source: str) -> SourceCosts:
+        """What ``source``'s units have cost so far (running aggregates)."""
+        costs = self.costs.get(source)
+        if costs is None:
+            costs = self.costs[source] = SourceCosts()
+        return costs
+
+    def measured(self, unit: Unit, seconds: float) -> None:
+        """Unit ``unit`` took ``seconds`` to maintain: what the next ``batch`` decides from.
+
+        >>> p = ViewProtocol(parallelism=2, batch_size=100)
+        >>> p.measured(Unit(1, (ViewUpdate(1, "s", 1, {}),)), 0.02)
+        >>> p.costs["s"].c1
+        0.02
+        """
+        if unit.updates:
+            self.costs_of(unit.updates[0].source).observe(len(unit.updates), seconds)
 
     def start_initial(self) -> Unit:
         return self._number(Unit(self.next_order, (), initial=True))

@@ -46,6 +46,7 @@ from pvm.bench.spark_deployment import quantile as _quantile
 from pvm.cli import CliError
 from pvm.demo import SCHEMAS
 from warehouse.catalog.db import Catalog
+from warehouse.protocol import DEFAULT_BATCH_SIZE
 
 VIEW = "fresh_orders"
 VIEW_SQL = (
@@ -67,7 +68,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=2000, help="customers, products and initial orders (default: 2000)")
     parser.add_argument("--parallelism", type=int, default=4, help="PPU size p of the view (default: 4)")
     parser.add_argument(
-        "--batch-size", type=int, default=20, help="queued updates of one source maintained as one unit (default: 20)"
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"the view's batch_size: the most queued updates of one source per unit (default: {DEFAULT_BATCH_SIZE}, "
+        "a view's default: the unit size adapts below it)",
     )
     parser.add_argument(
         "--effects-per-group", type=int, default=200, help="grouped commits: effects per append (default: 200)"
