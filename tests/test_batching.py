@@ -15,7 +15,7 @@ import math
 import pytest
 
 from contract.zset import ZSet
-from warehouse.batching import SourceCosts, unit_size
+from warehouse.batching import MAX_CROSSOVER, SourceCosts, unit_size
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
 
 
@@ -93,13 +93,19 @@ def test_measured_crossover_keeps_small_backlogs_one_per_unit():
     assert protocol.batch("s") == 10
 
 
-def test_sets_dearer_than_single_updates_are_not_made():
+def test_sets_dearer_than_single_updates_are_made_only_for_a_deep_backlog():
+    """Sets measured dearer per update: a moderate backlog runs one update per unit, a deep
+    one still in sets, which measure sets again and so can revise the verdict."""
     costs = SourceCosts()
     for size, seconds in [(1, 0.010)] * 3 + [(4, 0.060), (16, 0.240)]:
         costs.observe(size, seconds)
-    assert math.isinf(costs.crossover())
-    assert unit_size(queued=400, free_slots=1, crossover=costs.crossover(), cap=1000) == 1
-    assert costs.summary()["crossover"] is None
+    assert costs.crossover() == MAX_CROSSOVER
+    assert unit_size(queued=30, free_slots=1, crossover=costs.crossover(), cap=1000) == 1
+    assert unit_size(queued=400, free_slots=1, crossover=costs.crossover(), cap=1000) == 400
+    for _ in range(100):  # the sets, measured again, turn out cheap after all
+        costs.observe(400, 0.5)
+        costs.observe(100, 0.2)
+    assert costs.crossover() < MAX_CROSSOVER / 2
 
 
 def test_costs_are_running_aggregates():

@@ -29,7 +29,8 @@ Park's, applied to a free slot's share of the backlog.
 * Until both kinds of unit have been measured (and the sets at two sizes at least) the
   crossover is 1: a fixed round-trip cost per unit makes any set cheaper than its updates
   one by one. A measured ``C1 <= b`` (a set costs more per update than single updates)
-  puts it at infinity: no sets, until the measurements say otherwise.
+  puts it at infinity: no sets for a moderate backlog. The crossover acted on is at most
+  ``MAX_CROSSOVER``, so a deep backlog is still taken in sets, which measures them again.
 
 ``batch_size``, a view option, caps the set (1: the paper's PVM, one update per unit).
 
@@ -54,6 +55,14 @@ DECAY = 0.05
 
 PRIOR_CROSSOVER = 1.0
 """The crossover until it is measured: any set beats its updates one unit each."""
+
+MAX_CROSSOVER = 32.0
+"""The highest crossover acted on. Only sets measure sets: a crossover taken at its word
+when it is very high (or infinite: sets measured dearer per update than single units, as a
+busy moment can make them look) would stop sets for good, the measurement would never be
+revised, and a backlog would again be maintained one update per unit, which is what falls
+behind. Above this share per free slot, sets are made whatever was measured, and measured
+again."""
 
 MIN_SPREAD = 0.25
 """Variance of the measured set sizes below which the set line is not fitted (all sets of
@@ -135,13 +144,20 @@ class SourceCosts:
     def crossover(self) -> float:
         """Eq. 4.3 over what was measured: ``C2`` and ``Ck`` read off the set line at 2 and
         at ``k``, the sets' mean size (Park: choose ``k`` near the sizes that occur); the
-        prior 1 until ``C1`` and the line are both known."""
+        prior 1 until ``C1`` and the line are both known; at most ``MAX_CROSSOVER``.
+
+        >>> c = SourceCosts()
+        >>> for size, seconds in [(1, 0.01), (2, 0.05), (8, 0.20)]:  # sets: 25 ms per update
+        ...     c.observe(size, seconds)
+        >>> c.crossover() == MAX_CROSSOVER
+        True
+        """
         line = self.line()
         if self.c1 is None or line is None:
             return PRIOR_CROSSOVER
         a, b, mean_k = line
         k = max(3.0, mean_k)
-        return crossover(self.c1, a + 2 * b, a + b * k, k)
+        return min(MAX_CROSSOVER, crossover(self.c1, a + 2 * b, a + b * k, k))
 
     def summary(self) -> dict[str, float | None]:
         """For a view's status: ``C1``, the set line and the crossover, in seconds."""
