@@ -46,6 +46,7 @@ from typing import Any, Literal
 from contract.column_types import spark_type
 from contract.expr import Col, Expr, compile_filter
 from contract.zset import Row, ZSet
+from warehouse.store.base import SUMS, Summed
 
 Func = Literal["count", "sum", "avg", "min", "max"]
 FUNCS: tuple[Func, ...] = ("count", "sum", "avg", "min", "max")
@@ -331,6 +332,12 @@ def evaluate(s: Summary, body: ZSet) -> ZSet:
 
 
 # -- Spark SQL of the view -------------------------------------------------------------------
+def summed(s: Summary, body_types: Sequence[str | None]) -> Summed:
+    """What a store needs to read the view and compact it (``store.base.Summed``), from the
+    Spark SQL types of the body's columns."""
+    return Summed(s.keys, select_sql(s, SUMS), s.output_names, tuple(s.output_types(body_types)))
+
+
 def select_sql(s: Summary, sums: str) -> str:
     """The view's rows in Spark SQL from ``sums``, a relation of the stored columns already
     summed per key (each value times its weight): the same as ``visible``.

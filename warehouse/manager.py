@@ -25,7 +25,7 @@ from contract.column_types import spark_type
 from contract.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
 from contract.value_fit import Family, view_family
 from contract.zset import ZSet, row_order
-from warehouse.aggregate import non_numeric, select_sql, visible
+from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
@@ -38,7 +38,6 @@ from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, Relati
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, Summed, ViewStore
-from warehouse.store.base import SUMS
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
 
 log = logging.getLogger(__name__)
@@ -413,10 +412,7 @@ class Manager:
 
     def _summed(self, plan: ViewPlan) -> Summed | None:
         """How the store's readers see an aggregate view (None: a plain view)."""
-        if plan.summary is None:
-            return None
-        s = plan.summary
-        return Summed(s.keys, select_sql(s, SUMS), s.output_names, tuple(s.output_types(self._body_types(plan))))
+        return None if plan.summary is None else summed(plan.summary, self._body_types(plan))
 
     def _check_summed_types(self, plan: ViewPlan) -> None:
         """Invalid if SUM or AVG reads a column its source declares non-numeric."""
