@@ -129,3 +129,27 @@ async def test_bad_aggregates_are_422_and_create_nothing(tmp_path, sql, message)
         assert message in answer.text
         assert "bad" not in env.manager.views
         assert (await env.client.get("/v1/views", headers=env.auth("admin"))).json() == []
+
+
+async def test_an_aggregate_view_survives_a_restart(tmp_path):
+    """The plan (and its aggregate) is parsed again from the catalog's SQL; the stored
+    per-group rows are read as before and maintenance goes on from them."""
+    from warehouse.store.memory import MemoryStore
+
+    store = MemoryStore()
+    manager, sources = await start_sim_manager(tmp_path / "catalog.db", TABLES, store=store)
+    sources["crm"].load("customers", [(1, "fr"), (2, "de")])
+    sources["shop"].load("orders", [(10, 1, 5), (11, 2, 7)])
+    await manager.define_view(REVENUE, "revenue")
+    await manager.wait_idle("revenue")
+    before = manager.read("revenue")
+    await manager.stop()
+    manager, sources = await start_sim_manager(tmp_path / "catalog.db", TABLES, store=store, sources=sources)
+    try:
+        assert manager.read("revenue") == before
+        sources["shop"].commit([("orders", -1, (11, 2, 7)), ("orders", 1, (12, 1, 9))])
+        await settle(manager, sources, "revenue")
+        assert manager.read("revenue") == ZSet({("fr", 2, 14, 7.0, 5, 9): 1})
+        assert manager.read("revenue") == recompute(manager.view("revenue").plan, *everything(sources))
+    finally:
+        await manager.stop()
