@@ -2,10 +2,12 @@
 
 Three SQLite databases play three independent sources (a shop's orders, a CRM's customers,
 an inventory's products). Each gets a wrapper process with trigger capture; the manager
-runs in this process and serves its HTTP API. A view joining the three is defined while
-writers keep changing all three sources; maintenance runs with PVM (parallel SWEEP with
-compensation). Once the writers stop and everything is maintained, the view is compared
-with a recomputation from the live sources. Exit status 0 only if they are equal.
+runs in this process and serves its HTTP API. A view joining the three, and an aggregate
+view of sales per region over the same join, are defined while writers keep changing all
+three sources; maintenance runs with PVM (parallel SWEEP with compensation), the aggregate
+kept per group from the join's signed effects. Once the writers stop and everything is
+maintained, both views are compared with a recomputation from the live sources. Exit
+status 0 only if they are equal.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ VIEW_SQL = (
     "SELECT o.id AS order_id, c.name AS customer, c.region, p.name AS product, p.price, o.qty "
     "FROM shop.orders o, crm.customers c, inventory.products p "
     "WHERE o.customer_id = c.id AND o.product_id = p.id AND o.qty > 0 AND c.region <> 'internal'"
+)
+SUMMARY_NAME = "region_sales"
+SUMMARY_SQL = (
+    "CREATE VIEW region_sales AS "
+    "SELECT c.region, COUNT(*) AS orders, SUM(o.qty) AS items, AVG(o.qty) AS mean_qty, "
+    "MIN(p.price) AS cheapest, MAX(p.price) AS dearest "
+    "FROM shop.orders o, crm.customers c, inventory.products p "
+    "WHERE o.customer_id = c.id AND o.product_id = p.id AND o.qty > 0 "
+    "GROUP BY c.region HAVING COUNT(*) > 0"
 )
 REGIONS = ["north", "south", "east", "west", "internal"]
 SCHEMAS = {
@@ -204,15 +215,18 @@ class Demo:
             )
             async with httpx.AsyncClient(base_url=deployment.url, timeout=60, headers=deployment.headers()) as api:
                 progress = Progress()
-                await _ok(api.post("/v1/views", json={"sql": VIEW_SQL, "parallelism": self.args.parallelism}))
+                for sql in (VIEW_SQL, SUMMARY_SQL):
+                    await _ok(api.post("/v1/views", json={"sql": sql, "parallelism": self.args.parallelism}))
                 writers = self._start_writers(paths, progress)  # the initial load runs under these writes
                 await self._watch(api, console, progress)
                 for t in writers:
                     t.join()
                 await deployment.wait_shipped()
-                await deployment.manager.wait_idle(VIEW_NAME, timeout=300)
-                status = (await api.get(f"/v1/views/{VIEW_NAME}")).json()
-                verified = await self._verify(api, console, paths, status, progress)
+                verified = 0
+                for name, sql in ((VIEW_NAME, VIEW_SQL), (SUMMARY_NAME, SUMMARY_SQL)):
+                    await deployment.manager.wait_idle(name, timeout=300)
+                    status = (await api.get(f"/v1/views/{name}")).json()
+                    verified |= await self._verify(api, console, paths, name, sql, status, progress)
             console.print(
                 explore_commands(self.data_dir, deployment if self.args.serve else None),
                 soft_wrap=True,
@@ -262,7 +276,7 @@ class Demo:
                     return
                 await asyncio.sleep(0.15)
 
-    async def _verify(self, api, console, paths, status, progress: Progress) -> int:
+    async def _verify(self, api, console, paths, name: str, sql: str, status, progress: Progress) -> int:
         from rich.table import Table
 
         from contract.zset import ZSet
@@ -270,23 +284,23 @@ class Demo:
         from warehouse.sql_views import parse_view
 
         if status["state"] == "failed":
-            console.print(f"[red]view failed[/red]: {status['error']}")
+            console.print(f"[red]view {name} failed[/red]: {status['error']}")
             return 1
         rows, offset = [], 0
         while True:
-            page = (await api.get(f"/v1/views/{VIEW_NAME}/rows", params={"offset": offset, "limit": 5000})).json()
+            page = (await api.get(f"/v1/views/{name}/rows", params={"offset": offset, "limit": 5000})).json()
             rows += page["rows"]
             offset += len(page["rows"])
             if offset >= page["total"]:
                 break
         contents, columns = read_sources(paths)
-        plan = parse_view(VIEW_SQL, lambda s, t: columns.get((s, t)))
+        plan = parse_view(sql, lambda s, t: columns.get((s, t)))
         expected = recompute(plan, contents, columns)
         got = ZSet.from_rows(tuple(r) for r in rows)
         verified = got == expected
-        table = Table(title=f"view {VIEW_NAME}: first rows of {len(rows)}")
-        for name in plan.output_names:
-            table.add_column(name)
+        table = Table(title=f"view {name}: first rows of {len(rows)}")
+        for column in plan.view_names:
+            table.add_column(column)
         for r in sorted(rows)[:8]:
             table.add_row(*(str(v) for v in r))
         console.print(table)
@@ -299,11 +313,11 @@ class Demo:
         )
         if verified:
             console.print(
-                f"[green]verified[/green]: the view equals its recomputation from the live sources ({len(rows)} rows)"
+                f"[green]verified[/green]: view {name} equals its recomputation from the live sources ({len(rows)} rows)"
             )
             return 0
         missing, extra = expected - got, got - expected
-        console.print(f"[red]MISMATCH[/red]: {len(missing)} rows missing, {len(extra)} rows extra")
+        console.print(f"[red]MISMATCH[/red] in view {name}: {len(missing)} rows missing, {len(extra)} rows extra")
         return 1
 
 
@@ -347,6 +361,7 @@ def explore_commands(data_dir: Path, deployment=None) -> str:
         ),
         ("status, watermark W, lag, maintenance counters", f"pvm view show {VIEW_NAME}"),
         ("the view as of W: a state the sources really had", f"pvm view rows {VIEW_NAME} --limit 10"),
+        ("the aggregate view, kept per region from the join's changes", f"pvm view rows {SUMMARY_NAME}"),
         (
             "Spark SQL over the view (read-only)",
             f'pvm query "SELECT region, COUNT(*) AS orders, SUM(qty) AS items FROM {VIEW_NAME} GROUP BY region"',

@@ -80,7 +80,12 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         refused(await c.get("/v1/views/v/rows", params={"as_of": 10_000}, headers=admin), 422, "watermark")
         refused(await c.get("/v1/views/v/rows", params={"as_of": 1, "latest": "true"}, headers=admin), 422, "either")
         refused(await c.get("/v1/views/v/rows", params={"limit": 0}, headers=admin), 422, "limit")
-        refused(await c.post("/v1/views", json={"sql": "SELECT COUNT(*) FROM a.R", "name": "agg"}, headers=admin), 422)
+        refused(
+            await c.post(
+                "/v1/views", json={"sql": "SELECT COUNT(DISTINCT R.k) FROM a.R", "name": "agg"}, headers=admin
+            ),
+            422,
+        )
         refused(
             await c.post(
                 "/v1/views", json={"sql": "SELECT R.k FROM a.R LEFT JOIN b.S ON R.k = S.k", "name": "oj"}, headers=admin

@@ -32,7 +32,9 @@ def test_small_demo_verifies_and_says_what_to_try_next(tmp_path):
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert "maintaining order_details" in out  # the live display
     assert "first rows of" in out
-    assert "verified: the view equals its recomputation from the live sources" in out and "MISMATCH" not in out
+    for view in ("order_details", "region_sales"):  # the join and the aggregate over it
+        assert f"verified: view {view} equals its recomputation from the live sources" in out
+    assert "MISMATCH" not in out and "view region_sales: first rows of" in out
     explore = out[out.index("keep exploring") :]
     assert "pvm demo --serve" in explore and "pvm query" in explore and "/docs" in explore
     assert (tmp_path / "demo" / "catalog.db").exists()

@@ -119,7 +119,9 @@ async def test_bad_updates_are_refused_and_nothing_is_lost(two_sources, source, 
 @pytest.mark.parametrize(
     "sql, status, message",
     [
-        ("SELECT R.k, COUNT(*) FROM a.R GROUP BY R.k", 422, "not supported"),
+        ("SELECT R.k, SUM(R.k) OVER () FROM a.R", 422, "window functions are not supported"),
+        ("SELECT R.k, SUM(R.v) FROM a.R GROUP BY R.k", 422, r"SUM\(R.v\) needs a numeric column; R.v is TEXT"),
+        ("SELECT R.v, COUNT(*) FROM a.R GROUP BY R.k", 422, "neither in GROUP BY nor in an aggregate"),
         ("SELECT R.k FROM a.R, nowhere.T", 422, "unknown relation"),
         ("SELECT R.k FROM a.R LEFT JOIN b.S ON R.k = S.k", 422, "outer join"),
         ("SELECT R.nope FROM a.R", 422, "nope"),
@@ -437,8 +439,8 @@ class TypedStore(MemoryStore):
         super().__init__()
         self.types: dict[str, tuple[str | None, ...]] = {}
 
-    def create(self, view, columns, types=None) -> None:
-        super().create(view, columns, types)
+    def create(self, view, columns, types=None, summed=None) -> None:
+        super().create(view, columns, types, summed)
         self.types[view] = tuple(types or ())
 
     def commit(self, view, effects) -> None:
@@ -560,7 +562,7 @@ async def test_the_managers_health_names_sources_whose_capture_is_blocked(tmp_pa
 class RefusingStore(MemoryStore):
     """A store whose ``create`` fails after the view passed every check (a full disk, say)."""
 
-    def create(self, view, columns, types=None) -> None:
+    def create(self, view, columns, types=None, summed=None) -> None:
         raise StoreError("no space left on the store's volume")
 
 

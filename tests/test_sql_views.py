@@ -51,9 +51,6 @@ REJECTED = [
     ("CREATE VIEW v AS SELECT id FROM shop.orders UNION SELECT id FROM crm.customers", "UNION"),
     ("WITH x AS (SELECT id FROM shop.orders) SELECT id FROM x", "WITH"),
     # clauses
-    ("SELECT status FROM shop.orders GROUP BY status", "GROUP BY is not supported: views are select-project-join"),
-    ("SELECT status FROM shop.orders HAVING status = 'x'", "HAVING"),
-    ("SELECT DISTINCT status FROM shop.orders", "DISTINCT"),
     ("SELECT id FROM shop.orders ORDER BY id", "ORDER BY"),
     ("SELECT id FROM shop.orders LIMIT 5", "LIMIT"),
     ("SELECT id FROM shop.orders OFFSET 5", "OFFSET"),
@@ -74,8 +71,6 @@ REJECTED = [
     ("SELECT c.id FROM crm.customers c NATURAL JOIN crm.regions r", "NATURAL joins"),
     ("SELECT c.id FROM crm.customers c JOIN crm.regions r USING (country)", "USING"),
     # SELECT list
-    ("SELECT COUNT(*) FROM shop.orders", "aggregate COUNT"),
-    ("SELECT SUM(amount) FROM shop.orders", "aggregate SUM"),
     ("SELECT SUM(amount) + 1 FROM shop.orders", "aggregate SUM"),
     ("SELECT UPPER(note) FROM shop.orders", "function UPPER is not supported"),
     ("SELECT amount + 1 AS a FROM shop.orders", r"only columns may be selected; amount \+ 1 is not supported"),

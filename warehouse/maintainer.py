@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from contract.value_fit import store_type_family, unfit_reason
 from contract.zset import ZSet
+from warehouse.aggregate import encode
 from warehouse.catalog.db import Catalog, CatalogCall
 from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
@@ -311,7 +312,8 @@ class ViewMaintainer:
         self.protocol.finish(unit)
         self.progress_at = time.monotonic()
         self.counters.units_maintained += 1
-        self._ready[unit.order] = effect
+        # An aggregate view stores per-group deltas of the body's effect (warehouse/aggregate.py)
+        self._ready[unit.order] = effect if self.plan.summary is None else encode(self.plan.summary, effect)
         self._ready_at[unit.order] = time.perf_counter()
         self._ready_from[unit.order] = tuple((u.source, u.seq) for u in unit.updates)
         # The next unit first: its order-number record and this effect's commit record
@@ -427,7 +429,7 @@ class ViewMaintainer:
             else "the initial load, from a wrapper that does not leave such rows out"
         )
         return (
-            f"view {self.name!r}, column {self.plan.output_names[column]!r}: {reason}, from {origin}; resume "
+            f"view {self.name!r}, column {self.plan.stored_names[column]!r}: {reason}, from {origin}; resume "
             "fails again. Fix the row at the source or run a wrapper that leaves such rows out (docs/capture.md), "
             "then drop and define the view again: it loads the sources as they are and maintains only later updates"
         )

@@ -25,6 +25,7 @@ from contract.column_types import spark_type
 from contract.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
 from contract.value_fit import Family, view_family
 from contract.zset import ZSet, row_order
+from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
@@ -36,7 +37,7 @@ from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdat
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
-from warehouse.store import StoreError, ViewStore
+from warehouse.store import StoreError, Summed, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
 
 log = logging.getLogger(__name__)
@@ -349,12 +350,14 @@ class Manager:
             plan = parse_view(sql, self._schema, name)
         except ViewDefinitionError as exc:
             raise Invalid(str(exc)) from exc
+        self._check_summed_types(plan)
         types = self._output_types(plan)
+        summed = self._summed(plan)
         async with self._define_lock:
             if plan.name in self.views:
                 raise Conflict(f"view {plan.name!r} already exists")
             try:  # names and columns the store can live with
-                self.view_store.check_new_view(plan.name, plan.output_names, types)
+                self.view_store.check_new_view(plan.name, plan.stored_names, types)
             except StoreError as exc:
                 raise Invalid(str(exc)) from exc
             info = ViewInfo(
@@ -368,7 +371,7 @@ class Manager:
                 info.bases = bases
                 await self.db(Catalog.add_view, info)
                 recorded = True
-                await self._blocking(self.view_store.create, plan.name, plan.output_names, types)
+                await self._blocking(self.view_store.create, plan.name, plan.stored_names, types, summed)
             except BaseException:
                 del self.views[plan.name]
                 await self._forget_failed_view(plan, recorded)
@@ -402,18 +405,46 @@ class Manager:
         for source in handle.plan.sources:
             await self._push_interest(source)
 
-    def _output_types(self, plan: ViewPlan) -> list[str | None]:
-        """Spark SQL types of the view's columns, from the types its sources declare."""
+    def _declared_types(self, plan: ViewPlan) -> list[str | None]:
+        """The SQL types the sources declare for the view's body columns (None: unknown)."""
         aliases = {r.alias: r for r in plan.relations}
         types: list[str | None] = []
         for out in plan.outputs:
             ref = aliases[out.column.relation]
             rel = self.relations.get(ref.source, {}).get(ref.table)
             if rel is not None and out.column.name in rel.columns and len(rel.types) == len(rel.columns):
-                types.append(spark_type(rel.types[rel.columns.index(out.column.name)]))
+                types.append(rel.types[rel.columns.index(out.column.name)] or None)
             else:
                 types.append(None)
         return types
+
+    def _body_types(self, plan: ViewPlan) -> list[str | None]:
+        return [spark_type(t) for t in self._declared_types(plan)]
+
+    def _output_types(self, plan: ViewPlan) -> list[str | None]:
+        """Spark SQL types of the columns the store keeps for the view, from the types its
+        sources declare."""
+        body = self._body_types(plan)
+        return body if plan.summary is None else plan.summary.stored_types(body)
+
+    def _summed(self, plan: ViewPlan) -> Summed | None:
+        """How the store's readers see an aggregate view (None: a plain view)."""
+        return None if plan.summary is None else summed(plan.summary, self._body_types(plan))
+
+    def _check_summed_types(self, plan: ViewPlan) -> None:
+        """Invalid if SUM or AVG reads a column its source declares non-numeric."""
+        if plan.summary is None:
+            return
+        declared = self._declared_types(plan)
+        for call in plan.summary.calls:
+            if call.func in ("sum", "avg") and call.arg is not None:
+                found = non_numeric(declared[call.arg])
+                if found is not None:
+                    column = plan.outputs[call.arg].column
+                    raise Invalid(
+                        f"{call.func.upper()}({column.relation}.{column.name}) needs a numeric column; "
+                        f"{column.relation}.{column.name} is {found}"
+                    )
 
     def _new_handle(self, info: ViewInfo, plan: ViewPlan, protocol: ViewProtocol) -> ViewHandle:
         settings = ViewSettings(
@@ -557,16 +588,18 @@ class Manager:
         return self.view(name).maintainer.protocol.watermark
 
     def read(self, name: str, as_of: int | None = None, latest: bool = False) -> ZSet:
-        """The view's signed weights as of W (default), a given order, or every commit."""
+        """The view's signed weights as of W (default), a given order, or every commit; an
+        aggregate view's rows (each of weight 1), from the per-group sums the store keeps."""
         handle = self.view(name)
         if as_of is not None and as_of > handle.maintainer.protocol.watermark:
             raise Invalid(f"as_of {as_of} is beyond the view's watermark {handle.maintainer.protocol.watermark}")
         try:
-            return self.view_store.read(
+            stored = self.view_store.read(
                 name, None if latest else (handle.maintainer.protocol.watermark if as_of is None else as_of)
             )
         except StoreError as exc:
             raise Invalid(str(exc)) from exc
+        return stored if handle.plan.summary is None else visible(handle.plan.summary, stored)
 
     def read_rows(self, name: str, as_of: int | None = None, latest: bool = False) -> list[tuple]:
         """What a SQL reader of the view sees (positive rows, each repeated by its weight) as

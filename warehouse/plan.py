@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from contract.expr import Col, Expr, columns, conjoin, relations
+from warehouse.aggregate import Summary
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class ViewPlan:
     join: tuple[Expr, ...]
     outputs: tuple[OutputColumn, ...]
     sql: str = field(default="", compare=False)
+    # GROUP BY, aggregates or DISTINCT over the SPJ body whose columns ``outputs`` are
+    # (``warehouse/aggregate.py``); None: the view is the body itself.
+    summary: Summary | None = None
 
     # -- lookups -----------------------------------------------------------------------
     def position(self, source: str, table: str) -> int | None:
@@ -93,7 +97,18 @@ class ViewPlan:
 
     @property
     def output_names(self) -> tuple[str, ...]:
+        """The SPJ body's columns: what maintenance yields rows of."""
         return tuple(o.name for o in self.outputs)
+
+    @property
+    def view_names(self) -> tuple[str, ...]:
+        """The view's columns, as readers see them."""
+        return self.output_names if self.summary is None else self.summary.output_names
+
+    @property
+    def stored_names(self) -> tuple[str, ...]:
+        """The columns of the rows the store keeps for the view."""
+        return self.output_names if self.summary is None else self.summary.stored_names
 
     # -- SWEEP ---------------------------------------------------------------------------
     def sweep(self, changed: int | None) -> tuple[SweepStep, ...]:

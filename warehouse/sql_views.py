@@ -2,8 +2,10 @@
 
 An administrator writes a view as one ``SELECT`` (optionally ``CREATE VIEW name AS SELECT``)
 over relations qualified by their source, ``source.table``. The parser accepts exactly the
-SPJ fragment that PVM/SWEEP can maintain and rejects everything else with a message naming
-the construct: the plan must never silently mean something other than the SQL.
+SPJ fragment that PVM/SWEEP can maintain, optionally under GROUP BY with COUNT, SUM, AVG,
+MIN and MAX and HAVING (``sql_aggregates``) or under DISTINCT, and rejects everything else
+with a message naming the construct: the plan must never silently mean something other
+than the SQL.
 
 The WHERE clause and every ``JOIN … ON`` condition are split into top-level conjuncts. A
 conjunct that reads one relation becomes that relation's local predicate (evaluated at the
@@ -58,7 +60,9 @@ from contract.expr import (
     relations,
 )
 from warehouse import sql_bounds
+from warehouse.aggregate import Summary, distinct
 from warehouse.plan import OutputColumn, RelationRef, ViewPlan
+from warehouse.sql_aggregates import SUPPORTED, AggregateError, is_aggregate, summarize
 
 Schema = Callable[[str, str], Sequence[str] | None]
 """``schema(source, table)``: the column names of a registered relation, None if unknown."""
@@ -66,7 +70,7 @@ Schema = Callable[[str, str], Sequence[str] | None]
 # View names become table names in the catalog and in Spark: keep them plain identifiers.
 _VIEW_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-_SELECT_PARTS = frozenset({"expressions", "from_", "joins", "where"})
+_SELECT_PARTS = frozenset({"expressions", "from_", "joins", "where", "distinct", "group", "having"})
 _CLAUSE_LABELS = {
     "with_": "WITH (common table expressions)",
     "distinct": "DISTINCT",
@@ -118,8 +122,7 @@ def _plan(sql: str, schema: Schema, name: str | None) -> ViewPlan:
     view_name = _view_name(name if name is not None else written_name)
     _check_clauses(select)
     rels = _relations(select, schema)
-    outputs = [out for item in select.expressions for out in _outputs(item, rels)]
-    _check_output_names(outputs)
+    outputs, summary = _select_list(select, rels)
     local, join = _split_conjuncts(_predicate_nodes(select), rels)
     used = {o.column for o in outputs} | {c for e in join + list(local.values()) for c in columns(e)}
     return ViewPlan(
@@ -128,6 +131,7 @@ def _plan(sql: str, schema: Schema, name: str | None) -> ViewPlan:
         join=tuple(join),
         outputs=tuple(outputs),
         sql=sql,
+        summary=summary,
     )
 
 
@@ -170,7 +174,7 @@ def _created_view_name(create: exp.Create) -> str:
 
 def _select(statement: exp.Expr | None) -> exp.Select:
     if isinstance(statement, exp.SetOperation):
-        raise ViewDefinitionError(f"{statement.key.upper()} is not supported: views are select-project-join")
+        raise ViewDefinitionError(f"{statement.key.upper()} is not supported: {SUPPORTED}")
     if not isinstance(statement, exp.Select):
         raise ViewDefinitionError("only SELECT (optionally as CREATE VIEW … AS SELECT) is accepted")
     return statement
@@ -190,7 +194,10 @@ def _check_clauses(select: exp.Select) -> None:
     extra = _extra_args(select, _SELECT_PARTS)
     if extra:
         label = _CLAUSE_LABELS.get(extra[0], extra[0].rstrip("_").upper())
-        raise ViewDefinitionError(f"{label} is not supported: views are select-project-join")
+        raise ViewDefinitionError(f"{label} is not supported: {SUPPORTED}")
+    distinct = select.args.get("distinct")
+    if distinct is not None and distinct.args.get("on"):
+        raise ViewDefinitionError(f"DISTINCT ON is not supported: {SUPPORTED}")
 
 
 def _extra_args(node: exp.Expr, allowed: set[str] | frozenset[str]) -> list[str]:
@@ -310,6 +317,27 @@ def _resolve(column: exp.Column, rels: Sequence[_Relation]) -> Col:
 
 
 # -- SELECT list -----------------------------------------------------------------------------
+def _select_list(select: exp.Select, rels: Sequence[_Relation]) -> tuple[list[OutputColumn], Summary | None]:
+    """The body's output columns, and the aggregate or DISTINCT over them (None: neither).
+    An aggregate view's SELECT list, GROUP BY and HAVING are ``sql_aggregates``'."""
+    if is_aggregate(select):
+        try:
+            body, summary = summarize(
+                select,
+                lambda column: _resolve(column, rels),
+                lambda node, names: _condition(node, [_Relation("", "", "", tuple(names))]),
+                _why_unsupported,
+            )
+        except AggregateError as error:
+            raise ViewDefinitionError(str(error)) from None
+        return [OutputColumn(f"{c.relation}.{c.name}", c) for c in body], summary
+    outputs = [out for item in select.expressions for out in _outputs(item, rels)]
+    _check_output_names(outputs)
+    if select.args.get("distinct"):
+        return outputs, distinct([o.name for o in outputs])
+    return outputs, None
+
+
 def _outputs(item: exp.Expr, rels: Sequence[_Relation]) -> list[OutputColumn]:
     if isinstance(item, exp.Star) and not _extra_args(item, set()):  # not * EXCEPT/REPLACE
         return [out for r in rels for out in _all_columns(r)]
@@ -462,11 +490,11 @@ def _why_unsupported(node: exp.Expr) -> str:
 
 def _construct(node: exp.Expr) -> str | None:
     if isinstance(node, (exp.Subquery, exp.Exists, exp.Query)):
-        return "subqueries are not supported"
+        return f"subqueries are not supported: {SUPPORTED}"
     if isinstance(node, exp.Window):
-        return "window functions are not supported"
+        return f"window functions are not supported: {SUPPORTED}"
     if isinstance(node, exp.AggFunc):
-        return f"aggregate {_function_name(node)} is not supported: views are select-project-join"
+        return f"aggregate {_function_name(node)} is not allowed here: aggregates go in the SELECT list or HAVING"
     if isinstance(node, exp.Case):
         return "CASE is not supported"
     if isinstance(node, exp.Cast):

@@ -256,7 +256,7 @@ async def _verify(manager: Manager, name: str, max_differences: int, who: str) -
             result = await analysts.verify(request, who)
             report = Report(
                 view=name,
-                columns=list(handle.plan.output_names),
+                columns=list(handle.plan.view_names),
                 watermark=watermark,
                 engine="spark",
                 expected_rows=result.expected_rows,
@@ -362,7 +362,7 @@ def _compare_here(
     missing, extra, missing_total, extra_total = differences(expected, stored, max_differences)
     return Report(
         view=name,
-        columns=list(plan.output_names),
+        columns=list(plan.view_names),
         watermark=watermark,
         engine="python",
         expected_rows=sum(w for _, w in expected.items()),

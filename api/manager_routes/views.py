@@ -56,10 +56,11 @@ def router_for(manager: Manager) -> APIRouter:
         status_code=201,
         response_model=ViewOut,
         summary="Define a view",
-        description="Define an SPJ view from SQL over registered sources. The answer comes at once, in state "
-        "`initializing`, while the initial load runs; the view turns `active` when it is committed. Unsupported "
-        "SQL (aggregates, DISTINCT, outer joins, subqueries, UNION, self-joins) is refused with 422 naming the "
-        "construct. Admin only.",
+        description="Define a view from SQL over registered sources: select-project-join, optionally with GROUP "
+        "BY, COUNT/SUM/AVG/MIN/MAX and HAVING, or DISTINCT. The answer comes at once, in state `initializing`, "
+        "while the initial load runs; the view turns `active` when it is committed. Unsupported SQL (window "
+        "functions, outer joins, subqueries, UNION, self-joins, SUM/AVG of non-numeric columns) is refused with "
+        "422 naming the construct. Admin only.",
         responses=errors(400, *AUTH, 409, 413, 422, 502),
     )
     async def define_view(body: ViewIn, _: Principal = Depends(ADMIN)) -> ViewOut:
@@ -154,7 +155,7 @@ def router_for(manager: Manager) -> APIRouter:
             raise analyst.analyst_error(exc) from exc
         return RowsOut(
             view=name,
-            columns=list(handle.plan.output_names),
+            columns=list(handle.plan.view_names),
             watermark=watermark,
             as_of=pinned,
             total=total,

@@ -173,32 +173,37 @@ class Engine:
     def rows(self, request: RowsRequest) -> RowsResult:
         from warehouse.store.spark_names import WEIGHT
         from warehouse.store.spark_records import ViewMeta
-        from warehouse.store.spark_rows import RowCodec
-        from warehouse.store.spark_sql import sums_sql, visible_sql
+        from warehouse.store.spark_rows import RowCodec, shown_codec
+        from warehouse.store.spark_sql import shown_sql, sums_sql
 
         meta = ViewMeta.from_record(request.record)
         codec = RowCodec(meta.columns, meta.types)
+        shown = shown_codec(meta, codec)
 
         def work() -> RowsResult:
             session = self.spark.newSession()  # temporary views of its own
             session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView("base")
             session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView("zlog")
-            order = ", ".join(f"`{c}` ASC NULLS LAST" for c in meta.columns)
+            order = ", ".join(f"`{c}` ASC NULLS LAST" for c in shown.columns)
+            rows_sql = shown_sql("base", "zlog", meta.columns, meta.summed, request.as_of)
             page = (
                 session.sql(
-                    f"SELECT * FROM ({visible_sql('base', 'zlog', meta.columns, request.as_of)}) "
-                    f"ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
+                    f"SELECT * FROM ({rows_sql}) ORDER BY {order} LIMIT {int(request.limit)} OFFSET {int(request.offset)}"
                 ).toArrow()
                 if request.limit
                 else None
             )
-            total = session.sql(
+            # a bag's rows are counted from its sums, not from the repeated rows
+            total_sql = (
                 f"SELECT COALESCE(SUM({WEIGHT}), 0) FROM ({sums_sql('base', 'zlog', meta.columns, request.as_of, '> 0')})"
-            ).toArrow()
-            rows = [] if page is None else [[json_value(v) for v in row] for row in codec.decode(page)]
+                if meta.summed is None
+                else f"SELECT COUNT(*) FROM ({rows_sql})"
+            )
+            total = session.sql(total_sql).toArrow()
+            rows = [] if page is None else [[json_value(v) for v in row] for row in shown.decode(page)]
             fitted, cut = _fit(rows, request.max_bytes)
             return RowsResult(
-                columns=list(meta.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut
+                columns=list(shown.columns), rows=fitted, total=int(total.column(0)[0].as_py()), truncated=cut
             )
 
         return self._tagged(request.tag, work)

@@ -91,10 +91,11 @@ def recompute(session: SparkSession, sql: str, relations: Sequence[VerifyRelatio
 def stored_as_of(session: SparkSession, record: dict[str, Any], as_of: int) -> ZSet:
     """The stored view's signed weights as of ``as_of``, from the files ``record`` names:
     the base plus the z-log rows with ``_order <= as_of``, summed per row (zeros dropped,
-    negative sums kept), as the store's own read sums them."""
+    negative sums kept), as the store's own read sums them; an aggregate view's rows as
+    its readers see them."""
     from warehouse.store.spark_records import ViewMeta
-    from warehouse.store.spark_rows import RowCodec
-    from warehouse.store.spark_sql import sums_sql
+    from warehouse.store.spark_rows import RowCodec, shown_codec
+    from warehouse.store.spark_sql import shown_sql, sums_sql
 
     meta = ViewMeta.from_record(record)
     if as_of < meta.compacted_through:
@@ -102,6 +103,9 @@ def stored_as_of(session: SparkSession, record: dict[str, Any], as_of: int) -> Z
     codec = RowCodec(meta.columns, meta.types)
     session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView(STORED_BASE)
     session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView(STORED_ZLOG)
+    if meta.summed is not None:  # an aggregate view: its rows, each once
+        table = session.sql(shown_sql(STORED_BASE, STORED_ZLOG, meta.columns, meta.summed, as_of)).toArrow()
+        return ZSet.from_rows(shown_codec(meta).decode(table))
     table = session.sql(sums_sql(STORED_BASE, STORED_ZLOG, meta.columns, as_of, "<> 0")).toArrow()
     return ZSet(codec.decode_weighted(table))
 

@@ -19,6 +19,7 @@ from contract.zset import ZSet
 ZLOG_PREFIX = "pvm_zlog_"
 BASE_PREFIX = "pvm_base_"
 VERSIONS_DB = "pvm_store"  # one table per kind and version of each view's files
+SUMS = "pvm_sums"  # the relation a ``Summed.select`` reads: an aggregate view's sums per key
 
 
 class StoreError(Exception):
@@ -29,6 +30,39 @@ class StoreError(Exception):
 class Effect:
     order: int
     delta: ZSet
+
+
+@dataclass(frozen=True)
+class Summed:
+    """How readers see a view whose stored rows are not a bag of its rows: an aggregate or
+    DISTINCT view (``warehouse/aggregate.py``). The first ``keys`` stored columns are a key
+    and the others numbers: a stored row of weight w adds w times its numbers to its key's
+    sums. ``select``, Spark SQL over the relation ``pvm_sums`` (the stored columns summed
+    per key as of W), gives the view's ``columns`` of ``types``. Only the stores that read
+    views with Spark use it; the others return the stored rows, which the manager reads
+    through ``aggregate.visible``."""
+
+    keys: int
+    select: str
+    columns: tuple[str, ...]
+    types: tuple[str | None, ...] | None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "keys": self.keys,
+            "select": self.select,
+            "columns": list(self.columns),
+            "types": None if self.types is None else list(self.types),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | None) -> Summed | None:
+        if record is None:
+            return None
+        types = record["types"]
+        return cls(
+            int(record["keys"]), record["select"], tuple(record["columns"]), None if types is None else tuple(types)
+        )
 
 
 Engine = Literal["spark", "python"]
@@ -60,9 +94,16 @@ class ViewStore(Protocol):
         """Raise StoreError naming the problem if ``create`` would refuse these arguments;
         changes nothing. The manager asks before it records a new view anywhere."""
 
-    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+    def create(
+        self,
+        view: str,
+        columns: Sequence[str],
+        types: Sequence[str | None] | None = None,
+        summed: Summed | None = None,
+    ) -> None:
         """Create an empty view (idempotent for the same columns). ``types``: a Spark SQL type
-        name per column where known (None: untyped); stores without typed columns ignore it."""
+        name per column where known (None: untyped); stores without typed columns ignore it.
+        ``summed``: how the stored rows of an aggregate view are read (None: a bag)."""
 
     def drop(self, view: str) -> None: ...
 

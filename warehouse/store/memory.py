@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from contract.zset import ZSet
-from warehouse.store.base import Effect, Engine, StoreError, ViewRecord
+from warehouse.store.base import Effect, Engine, StoreError, Summed, ViewRecord
 
 
 class MemoryStore:
@@ -33,9 +33,17 @@ class MemoryStore:
         if view in self._columns and self._columns[view] != tuple(columns):
             raise StoreError(f"view {view!r} exists with other columns")
 
-    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
-        """``types`` (Spark SQL type names) are accepted for the interface's sake and ignored:
-        rows are kept as the Python values they were committed with."""
+    def create(
+        self,
+        view: str,
+        columns: Sequence[str],
+        types: Sequence[str | None] | None = None,
+        summed: Summed | None = None,
+    ) -> None:
+        """``types`` (Spark SQL type names) and ``summed`` are accepted for the interface's
+        sake and ignored: rows are kept as the Python values they were committed with, and
+        ``read`` returns the stored rows (the manager reads an aggregate view through
+        ``aggregate.visible``)."""
         with self._lock:
             self._check_columns(view, columns)
             self._columns[view] = tuple(columns)

@@ -10,7 +10,8 @@ turns those records into catalog objects of one Spark session, the session analy
   change once the record names them, so a query planned on a version reads one version;
 * a view named ``<view>`` (a catalog view, not a temporary one, so that every session of the
   application sees it, Spark Connect sessions included): the view as of W, each row repeated
-  by its weight (``visible_sql``).
+  by its weight (``visible_sql``); an aggregate view's rows come from its groups' sums
+  (``shown_sql``).
 
 A new record moves the view with one ``ALTER VIEW``: a query planned before it reads the old
 version's tables, whose files the store keeps for a while after a compaction
@@ -30,7 +31,7 @@ from pyspark.sql import SparkSession
 
 from warehouse.store.spark_records import ViewMeta
 from warehouse.store.spark_rows import table_schemas
-from warehouse.store.spark_sql import visible_sql
+from warehouse.store.spark_sql import shown_sql
 
 DATABASE = "pvm_views"
 
@@ -85,7 +86,7 @@ class PublishedViews:
             base_schema, zlog_schema = table_schemas(meta.columns, meta.types)
             self._create_table(base, meta.base_location, base_schema)
             self._create_table(zlog, meta.zlog_location, zlog_schema)
-            sql = visible_sql(base, zlog, meta.columns, meta.watermark)
+            sql = shown_sql(base, zlog, meta.columns, meta.summed, meta.watermark)
             if current is None:
                 self._spark.sql(f"CREATE OR REPLACE VIEW `{view}` AS {sql}")
             else:

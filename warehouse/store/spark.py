@@ -50,15 +50,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from contract.zset import Row, ZSet
-from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, Engine, StoreError
+from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, Engine, StoreError, Summed
 from warehouse.store.compaction import ZlogStats
 from warehouse.store.file_access import store_files
 from warehouse.store.spark_compaction import write_compacted
 from warehouse.store.spark_files import Footer, link, part_files, read_footer, remove
 from warehouse.store.spark_names import ORDER, check_columns, check_view_name, version_table
 from warehouse.store.spark_records import JsonStoreCatalog, StoreCatalog, ViewMeta, in_ranges, merge_ranges
-from warehouse.store.spark_rows import RowCodec, parse_type
-from warehouse.store.spark_sql import sums_sql, visible_sql
+from warehouse.store.spark_rows import RowCodec, parse_type, shown_codec
+from warehouse.store.spark_sql import shown_sql, sums_sql
 
 
 def _sql_string(text: str) -> str:
@@ -236,7 +236,8 @@ class SparkStore:
         return sums_sql(*self._version_tables(state.name, state.meta), state.meta.columns, as_of, keep)
 
     def _visible_sql(self, state: _View, as_of: int | None) -> str:
-        return visible_sql(*self._version_tables(state.name, state.meta), state.meta.columns, as_of)
+        meta = state.meta
+        return shown_sql(*self._version_tables(state.name, meta), meta.columns, meta.summed, as_of)
 
     @staticmethod
     def _check_as_of(state: _View, as_of: int | None) -> None:
@@ -314,10 +315,17 @@ class SparkStore:
                 raise StoreError(f"view {view!r} collides with view {other!r} in Spark SQL")
         return normalized
 
-    def create(self, view: str, columns: Sequence[str], types: Sequence[str | None] | None = None) -> None:
+    def create(
+        self,
+        view: str,
+        columns: Sequence[str],
+        types: Sequence[str | None] | None = None,
+        summed: Summed | None = None,
+    ) -> None:
         """Create an empty view. ``types`` are Spark SQL type names, one per column; a column
         without one (None) stores its values as JSON text, exact but awkward for analysts'
-        SQL."""
+        SQL. ``summed``: the stored rows are an aggregate view's per-key numbers, read (and
+        compacted) per key."""
         cols = tuple(columns)
         with self._lock:
             normalized = self._normalized(view, cols, types)
@@ -330,6 +338,7 @@ class SparkStore:
                 base_version=0,
                 zlog_location=self._location(view, "zlog", 0),
                 zlog_version=0,
+                summed=summed,
             )
             self._catalog.save(view, meta.to_record())
             state = self._attach(view, meta)
@@ -388,7 +397,7 @@ class SparkStore:
             bound = None if latest else state.meta.watermark if as_of is None else as_of
             self._check_as_of(state, bound)
             table = self._spark.sql(self._visible_sql(state, bound)).toArrow()
-        return list(state.codec.decode(table))
+        return list(shown_codec(state.meta, state.codec).decode(table))
 
     def committed_orders(self, view: str) -> set[int]:
         with self._hold(view) as state:

@@ -8,6 +8,7 @@ Which files to fold, and the swap to the new versions, are the store's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -37,7 +38,9 @@ def write_compacted(
     new_zlog: str,
 ) -> None:
     """New base: old base plus z-log rows up to W, summed, zeros dropped (negative sums
-    stay: a later insert must still cancel them). New z-log: the rows after W.
+    stay: a later insert must still cancel them); for an aggregate view, per key, its
+    numbers times the weights (one row per group and MIN/MAX value). New z-log: the rows
+    after W.
 
     Each Spark job reads only the files that hold rows for it (by the ``_order`` range
     in their footers); a job with no such file is not run: the old base is linked into
@@ -49,9 +52,17 @@ def write_compacted(
     if upto:
         base = _read(spark, codec.base_schema, [start.base_location])
         zlog = _read(spark, codec.zlog_schema, upto).where(F.col(ORDER) <= bound).drop(ORDER)
-        summed = (
-            base.unionByName(zlog).groupBy(*codec.columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-        )
+        both = base.unionByName(zlog)
+        if start.summed is None:
+            summed = both.groupBy(*codec.columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        else:  # an aggregate view: one row per key, its numbers summed, of weight 1
+            keys, numbers = codec.columns[: start.summed.keys], codec.columns[start.summed.keys :]
+            summed = (
+                both.groupBy(*keys)
+                .agg(*(F.sum(F.col(c) * F.col(WEIGHT)).alias(c) for c in numbers))
+                .where(reduce(lambda a, b: a | b, (F.col(c) != 0 for c in numbers)))
+                .select(*codec.columns, F.lit(1).cast("bigint").alias(WEIGHT))
+            )
         summed.write.mode("overwrite").parquet(new_base)
     else:
         link(part_files(start.base_location), new_base)

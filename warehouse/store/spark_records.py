@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from warehouse.store.base import Summed
 from warehouse.store.file_access import store_files
 
 __all__ = ["JsonStoreCatalog", "Ranges", "StoreCatalog", "ViewMeta", "in_ranges", "merge_ranges"]
@@ -106,6 +107,7 @@ class ViewMeta:
     watermark: int = 0
     compacted_through: int = 0
     compacted_orders: tuple[tuple[int, int], ...] = ()
+    summed: Summed | None = None  # an aggregate view's stored rows and how they are read
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -118,6 +120,7 @@ class ViewMeta:
             "watermark": self.watermark,
             "compacted_through": self.compacted_through,
             "compacted_orders": [list(r) for r in self.compacted_orders],
+            "summed": None if self.summed is None else self.summed.to_record(),
         }
 
     @classmethod
@@ -133,4 +136,5 @@ class ViewMeta:
             watermark=int(record["watermark"]),
             compacted_through=int(record["compacted_through"]),
             compacted_orders=tuple((int(lo), int(hi)) for lo, hi in record["compacted_orders"]),
+            summed=Summed.from_record(record.get("summed")),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_type
@@ -27,10 +27,23 @@ from pyspark.sql.types import (
 
 from contract.schemas import NAN, loads_wire_json
 from contract.zset import Row
-from warehouse.store.base import Effect, StoreError
+from warehouse.store.base import Effect, StoreError, Summed
 from warehouse.store.spark_names import ORDER, WEIGHT
 
-__all__ = ["RowCodec", "parse_type", "table_schemas"]
+__all__ = ["RowCodec", "parse_type", "shown_codec", "table_schemas"]
+
+
+class _Shaped(Protocol):
+    """A view's record as far as its rows' shape goes (``spark_records.ViewMeta``)."""
+
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+
+    @property
+    def types(self) -> tuple[str | None, ...] | None: ...
+
+    @property
+    def summed(self) -> Summed | None: ...
 
 
 def _json_float(value: float) -> str:
@@ -148,3 +161,11 @@ def table_schemas(columns: Sequence[str], types: Sequence[str | None] | None) ->
     """The Spark schemas of a view's base and z-log tables."""
     codec = RowCodec(tuple(columns), None if types is None else tuple(types))
     return codec.base_schema, codec.zlog_schema
+
+
+def shown_codec(meta: _Shaped, stored: RowCodec | None = None) -> RowCodec:
+    """The codec of the rows readers see: the stored rows' (``stored`` if given), or an
+    aggregate view's own columns."""
+    if meta.summed is None:
+        return stored or RowCodec(meta.columns, meta.types)
+    return RowCodec(meta.summed.columns, meta.summed.types)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from warehouse.store.base import SUMS, Summed
 from warehouse.store.spark_names import ORDER, WEIGHT
 
-__all__ = ["sums_sql", "visible_sql"]
+__all__ = ["SUMS", "shown_sql", "summed_sql", "sums_sql", "visible_sql"]
 
 
 def sums_sql(base: str, zlog: str, columns: Sequence[str], as_of: int | None, keep: str) -> str:
@@ -37,3 +38,31 @@ def visible_sql(base: str, zlog: str, columns: Sequence[str], as_of: int | None)
         f"SELECT {cols} FROM ({sums_sql(base, zlog, columns, as_of, '> 0')}) t "
         f"LATERAL VIEW explode(sequence(CAST(1 AS BIGINT), t.{WEIGHT})) copies AS _copy"
     )
+
+
+def summed_sql(base: str, zlog: str, columns: Sequence[str], keys: int, as_of: int | None) -> str:
+    """Per key (the first ``keys`` columns), every other column times its row's weight,
+    summed over ``base`` plus ``zlog`` up to ``as_of``: an aggregate view's state.
+
+    >>> summed_sql("b", "z", ["g0", "c"], 1, 7)
+    'SELECT `g0`, SUM(`c` * _w) AS `c` FROM (SELECT `g0`, `c`, _w FROM b UNION ALL SELECT `g0`, `c`, _w FROM z WHERE _order <= 7) GROUP BY `g0`'
+    """
+    cols = ", ".join(f"`{c}`" for c in columns)
+    key = [f"`{c}`" for c in columns[:keys]]
+    sums = [f"SUM(`{c}` * {WEIGHT}) AS `{c}`" for c in columns[keys:]]
+    bound = "" if as_of is None else f" WHERE {ORDER} <= {int(as_of)}"
+    group = f" GROUP BY {', '.join(key)}" if key else ""
+    return (
+        f"SELECT {', '.join([*key, *sums])} FROM ("
+        f"SELECT {cols}, {WEIGHT} FROM {base} UNION ALL "
+        f"SELECT {cols}, {WEIGHT} FROM {zlog}{bound}"
+        f"){group}"
+    )
+
+
+def shown_sql(base: str, zlog: str, columns: Sequence[str], summed: Summed | None, as_of: int | None) -> str:
+    """The rows a reader sees: the bag (``visible_sql``), or an aggregate view's rows, its
+    ``select`` over its per-key sums."""
+    if summed is None:
+        return visible_sql(base, zlog, columns, as_of)
+    return f"WITH {SUMS} AS ({summed_sql(base, zlog, columns, summed.keys, as_of)}) {summed.select}"
