@@ -66,7 +66,8 @@ REJECTED = [
     ("SELECT x.id FROM (SELECT id FROM shop.orders) x", "subqueries"),
     ("SELECT o.id FROM shop.orders o, crm.customers o", "duplicate alias o"),
     ("SELECT o.id FROM shop.orders o, crm.customers O", "duplicate alias O"),
-    ("SELECT a.id FROM shop.orders a, shop.orders b", "shop.orders appears twice; self-joins are not supported"),
+    ("SELECT orders.id FROM shop.orders, shop.orders", "shop.orders appears twice as orders; give each occurrence"),
+    ("SELECT a.id FROM shop.orders a, shop.orders A", "shop.orders appears twice as A; give each occurrence"),
     ("SELECT o.id FROM shop.orders o(a, b)", "column aliases"),
     ("SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id", "outer joins are not supported"),
     ("SELECT o.id FROM shop.orders o RIGHT JOIN crm.customers c ON o.customer = c.id", "outer joins"),
@@ -188,6 +189,25 @@ def test_chain_view_and_sweep(schema) -> None:
     assert [s.relation for s in plan.sweep(None)] == [0, 1, 2]
     assert plan.sweep(1)[0].keys == (Col("R2", "B"),)
     assert plan.sweep(1)[1].keys == (Col("R2", "A"),)
+
+
+def test_self_join_is_one_relation_per_alias(schema) -> None:
+    """A table read twice is two relations of the plan, each with its own columns and local
+    predicate, and SWEEP queries the other alias like any other relation."""
+    plan = parse_view(
+        "SELECT e.id, m.note AS boss_note FROM shop.orders e JOIN shop.orders m ON e.customer = m.id "
+        "WHERE e.amount > 10 AND m.status = 'vip'",
+        schema,
+        "bosses",
+    )
+    assert plan.relations == (
+        RelationRef("e", "shop", "orders", ("id", "customer", "amount"), Cmp(">", Col("e", "amount"), Lit(10))),
+        RelationRef("m", "shop", "orders", ("id", "status", "note"), Cmp("=", Col("m", "status"), Lit("vip"))),
+    )
+    assert plan.sources == ("shop",)
+    assert plan.join == (Cmp("=", Col("e", "customer"), Col("m", "id")),)
+    assert [(s.relation, s.keys) for s in plan.sweep(0)] == [(1, (Col("e", "customer"),))]
+    assert [(s.relation, s.keys) for s in plan.sweep(1)] == [(0, (Col("m", "id"),))]
 
 
 def test_chain_view_without_aliases_has_duplicate_outputs(schema) -> None:

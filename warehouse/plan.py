@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from contract.expr import Col, Expr, columns, conjoin, relations
+from contract.expr import Col, Expr, Or, columns, conjoin, relations, substitute
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,22 @@ class RelationRef:
 
     def cols(self) -> tuple[Col, ...]:
         return tuple(Col(self.alias, c) for c in self.columns)
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """One source table as all the view's relations over it read it together: a self-join
+    reads one table under several aliases (``positions``). Its columns are theirs, first seen
+    first; a row matters if any of their local predicates holds (``where``, written over
+    ``alias``, the first of them; None: every row). What a wrapper ships of the table and
+    what a verification reads of it."""
+
+    source: str
+    table: str
+    alias: str
+    columns: tuple[str, ...]
+    where: Expr | None
+    positions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -81,15 +97,34 @@ class ViewPlan:
     sql: str = field(default="", compare=False)
 
     # -- lookups -----------------------------------------------------------------------
-    def position(self, source: str, table: str) -> int | None:
-        for i, r in enumerate(self.relations):
-            if r.source == source and r.table == table:
-                return i
-        return None
-
     @cached_property
     def sources(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.source for r in self.relations))
+
+    @cached_property
+    def table_reads(self) -> tuple[TableRead, ...]:
+        """Every distinct table the view reads, in FROM order of its first relation.
+
+        >>> e = RelationRef("e", "hr", "emp", ("id", "boss"))
+        >>> m = RelationRef("m", "hr", "emp", ("id", "name"))
+        >>> [(t.table, t.alias, t.columns, t.positions) for t in ViewPlan("v", (e, m), (), ()).table_reads]
+        [('emp', 'e', ('id', 'boss', 'name'), (0, 1))]
+        """
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, r in enumerate(self.relations):
+            groups.setdefault((r.source, r.table), []).append(i)
+        return tuple(self._table_read(source, table, tuple(ps)) for (source, table), ps in groups.items())
+
+    def _table_read(self, source: str, table: str, positions: tuple[int, ...]) -> TableRead:
+        refs = [self.relations[p] for p in positions]
+        alias = refs[0].alias
+        cols = tuple(dict.fromkeys(c for r in refs for c in r.columns))
+        wheres = [
+            None if r.where is None else substitute(r.where, {Col(r.alias, c): Col(alias, c) for c in r.columns})
+            for r in refs
+        ]
+        where = None if None in wheres else wheres[0] if len(wheres) == 1 else Or(tuple(w for w in wheres if w))
+        return TableRead(source, table, alias, cols, where, positions)
 
     @property
     def output_names(self) -> tuple[str, ...]:

@@ -244,16 +244,19 @@ def _relation(item: exp.Expr, schema: Schema) -> _Relation:
 
 
 def _check_distinct(rels: Sequence[_Relation]) -> None:
-    seen: set[tuple[str, str]] = set()
-    aliases: set[str] = set()
+    """Every relation has an alias of its own. One table may appear more than once (a
+    self-join), each occurrence a relation of the view under its own alias."""
+    aliases: dict[str, _Relation] = {}
     for r in rels:
-        if (r.source, r.table) in seen:
-            raise ViewDefinitionError(f"relation {r.source}.{r.table} appears twice; self-joins are not supported")
         # Aliases resolve case-insensitively as a fallback, so they must differ beyond case.
-        if r.alias.lower() in aliases:
-            raise ViewDefinitionError(f"duplicate alias {r.alias}")
-        seen.add((r.source, r.table))
-        aliases.add(r.alias.lower())
+        first = aliases.setdefault(r.alias.lower(), r)
+        if first is r:
+            continue
+        if (first.source, first.table) == (r.source, r.table):
+            raise ViewDefinitionError(
+                f"relation {r.source}.{r.table} appears twice as {r.alias}; give each occurrence an alias of its own"
+            )
+        raise ViewDefinitionError(f"duplicate alias {r.alias}")
 
 
 def _relation_ref(rel: _Relation, used: set[Col], where: Expr | None) -> RelationRef:
