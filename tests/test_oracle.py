@@ -50,7 +50,7 @@ from tests.sim import (
     start_sim_manager,
 )
 from tests.virtual_time import InlineExecutor, run_in_virtual_time
-from warehouse import view_change
+from warehouse import outer_join, view_change
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
 from warehouse.protocol import ViewProtocol
@@ -78,6 +78,14 @@ SELF_JOIN_VIEWS = {
     # transaction changes positions 0, 2 and 3 at once
     "around": "SELECT p.A AS pa, q.B AS qb, T1.B AS tb FROM s1.R1 p, s2.R2, s1.R1 q, s1.T1 "
     "WHERE p.B = R2.A AND R2.B = q.A AND q.B = T1.A AND p.A IN (0, 1, 2)",
+}
+OUTER_JOIN_VIEWS = {
+    # an inner join over two sources, then a LEFT JOIN to a third, with a local ON predicate
+    "optional": "SELECT R1.A AS a1, R2.A AS a2, R3.C AS c3 FROM s1.R1 JOIN s2.R2 ON R1.B = R2.A "
+    "LEFT JOIN s3.R3 ON R2.B = R3.A AND R3.C <> 3",
+    # the right side is the left side's own table (a self-join), under an inequality too
+    "managers": "SELECT e.A AS ea, m.B AS mb, R1.A AS ra FROM s1.R1 JOIN s3.R3 e ON R1.B = e.A "
+    "LEFT JOIN s3.R3 m ON e.B = m.A AND e.C < m.C",
 }
 DOMAIN = 4
 
@@ -458,3 +466,61 @@ def test_self_join_counts_the_delta_join_once(tmp_path):
     seed = first_failure(tmp_path, lambda: (WithoutChainRule, None), views=pairs)
     assert seed is not None
     assert schedule(tmp_path, seed, views=pairs).mismatches == []
+
+
+# -- outer joins -------------------------------------------------------------------------------
+OUTER_JOIN_SCHEDULES = 60
+
+
+@pytest.mark.parametrize("seed", range(OUTER_JOIN_SCHEDULES))
+def test_outer_join_schedule_matches_recomputation(tmp_path, seed):
+    """LEFT JOIN views: NULL-extended rows appear and go as partners come and go, under
+    concurrent updates and out-of-order commits (docs/protocol.md, "Outer joins")."""
+    outcome = schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS)
+    replay = f"replay: pytest 'tests/test_oracle.py::test_outer_join_schedule_matches_recomputation[{seed}]'"
+    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
+    assert all(w >= 1 for w in outcome.watermarks.values())
+
+
+def test_outer_join_schedules_exercise_concurrency(tmp_path):
+    outcomes = [schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS) for seed in range(10)]
+    assert sum(o.compensations for o in outcomes) > 50
+    assert sum(o.out_of_order for o in outcomes) >= 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (WithoutCompensation, None),
+        lambda: (WithoutRetention, None),
+        lambda: (None, ClampingStore()),
+    ],
+    ids=["compensation", "retention", "signed-counts"],
+)
+def test_outer_join_oracle_catches_broken_variants(tmp_path, make):
+    seed = first_failure(tmp_path, make, views=OUTER_JOIN_VIEWS)
+    assert seed is not None
+    assert schedule(tmp_path, seed, views=OUTER_JOIN_VIEWS).mismatches == []
+
+
+def _uncompensated_counts(keys, answer, step, rel_cols, subtract):
+    return COUNT_PARTNERS(keys, answer, step, rel_cols, None)
+
+
+COUNT_PARTNERS = outer_join.count_partners
+
+
+@pytest.mark.parametrize(
+    "name, broken",
+    [("count_partners", _uncompensated_counts), ("flips", lambda after, own: {})],
+    ids=["uncompensated-partner-counts", "no-flips"],
+)
+def test_outer_join_oracle_catches_broken_null_extension(tmp_path, monkeypatch, name, broken):
+    """Partner counts taken from an answer as it is (the concurrent updates it reflects not
+    subtracted), or a change of the right relation that never adds or removes NULL-extended
+    rows: the oracle notices, although the inner join's rows are still right."""
+    monkeypatch.setattr(outer_join, name, broken)
+    seed = first_failure(tmp_path, lambda: (None, None), views=OUTER_JOIN_VIEWS)
+    assert seed is not None
+    monkeypatch.undo()
+    assert schedule(tmp_path, seed, views=OUTER_JOIN_VIEWS).mismatches == []

@@ -20,6 +20,10 @@ the partial result yet, the first one in SWEEP's order that does is taken instea
 chain or path written in its order that is SWEEP's order; for any other FROM order of a
 connected view it avoids the cross product SWEEP's order would ship.
 
+A view with a LEFT JOIN (``outer``: its right relation, the last) queries that relation last
+in every term but its own, so that the step asking it holds whole left rows: their partner
+counts decide which of them are extended with NULLs (``warehouse.outer_join``).
+
 >>> from contract.expr import Col, Cmp
 >>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
 >>> s = RelationRef("s", "s2", "s", ("b",), None)
@@ -95,6 +99,11 @@ class ViewPlan:
     join: tuple[Expr, ...]
     outputs: tuple[OutputColumn, ...]
     sql: str = field(default="", compare=False)
+    outer: int | None = None
+    """The position of a LEFT JOIN's right relation (always the last), or None: the view is
+    the inner join plus every left row without a partner, extended with NULLs. Its ON
+    conjuncts that read the left side are the join conjuncts reading it (``outer_on``); those
+    that read it alone are its local predicate. See docs/protocol.md, "Outer joins"."""
 
     # -- lookups -----------------------------------------------------------------------
     @cached_property
@@ -126,6 +135,26 @@ class ViewPlan:
         where = None if None in wheres else wheres[0] if len(wheres) == 1 else Or(tuple(w for w in wheres if w))
         return TableRead(source, table, alias, cols, where, positions)
 
+    # -- LEFT JOIN ---------------------------------------------------------------------------
+    @cached_property
+    def outer_on(self) -> tuple[Expr, ...]:
+        """The outer join's ON conjuncts between its two sides (empty for an inner view)."""
+        if self.outer is None:
+            return ()
+        alias = self.relations[self.outer].alias
+        return tuple(c for c in self.join if alias in relations(c))
+
+    @cached_property
+    def partner_step(self) -> SweepStep:
+        """A step asking the outer join's right relation for the partners of left keys: the
+        layout is the key, the left side's columns the ON clause reads. A left row's partner
+        count depends on those columns only (the ON clause reads nothing else of the left)."""
+        assert self.outer is not None, "only an outer join has partners to count"
+        on = conjoin(list(self.outer_on))
+        left = [r for i, r in enumerate(self.relations) if i != self.outer]
+        keys = tuple(c for r in left for c in r.cols() if on is not None and c in columns(on))
+        return SweepStep(self.outer, keys, keys, on)
+
     @property
     def output_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.outputs)
@@ -154,6 +183,8 @@ class ViewPlan:
         remaining = [j for j in order if j not in joined]
         if not remaining:
             return None
+        if len(remaining) > 1 and self.outer in remaining:  # a LEFT JOIN's right side comes last
+            remaining.remove(self.outer)
         present = {self.relations[i].alias for i in joined}
         connected = [j for j in remaining if self._joins(self.relations[j].alias, present)]
         return connected[0] if connected else remaining[0]

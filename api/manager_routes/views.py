@@ -58,7 +58,7 @@ def router_for(manager: Manager) -> APIRouter:
         summary="Define a view",
         description="Define an SPJ view from SQL over registered sources. The answer comes at once, in state "
         "`initializing`, while the initial load runs; the view turns `active` when it is committed. Unsupported "
-        "SQL (aggregates, DISTINCT, outer joins, subqueries, UNION) is refused with 422 naming the "
+        "SQL (aggregates, DISTINCT, RIGHT/FULL or nested outer joins, subqueries, UNION) is refused with 422 naming the "
         "construct. Admin only.",
         responses=errors(400, *AUTH, 409, 413, 422, 502),
     )
