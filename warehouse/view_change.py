@@ -102,9 +102,23 @@ class ViewChange:
             return ZSet()
         delta = unit.delta(term)
         after: dict[tuple, int] = {}
-        await self._process_subquery(unit, term, count, ZSet(dict.fromkeys(keys, 1)), priority, stats, after)
+        for start in range(0, len(keys), KEYS_PER_SUBQUERY):
+            after.update(await self._ask_counts(unit, term, keys[start : start + KEYS_PER_SUBQUERY], priority, stats))
         own = outer_join.local_counts(keys, count, self.plan.relations[term].cols(), delta)
         return outer_join.left_rows(joined, delta, key, outer_join.flips(after, own))
+
+    async def _ask_counts(
+        self, unit: Unit, term: int, keys: list[tuple], priority: float, stats: ChangeStats
+    ) -> dict[tuple, int]:
+        """The partner counts of ``keys`` in the outer relation, compensated against the
+        answer's watermark: a subquery selecting no column, answered with one count per key."""
+        step = self.plan.partner_step
+        relation = self.plan.relations[step.relation]
+        answer = await self._answer(step, keys, priority, stats, select=())
+        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
+        stats.compensations += len(concurrent)
+        undone = total(concurrent) if concurrent else None
+        return outer_join.count_partners(keys, _answer_rows(answer, len(keys), 0), step, relation.cols(), undone)
 
     async def _process_subquery(
         self,
@@ -140,10 +154,7 @@ class ViewChange:
         """``partial ⋈ R`` for one subquery of ``keys`` (every key of ``partial``), compensated
         against its answer's watermark; with ``partners``, the keys' partner counts too."""
         relation = self.plan.relations[step.relation]
-        started = time.perf_counter()
-        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority))
-        stats.subqueries += 1
-        stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
+        answer = await self._answer(step, keys, priority, stats, relation.columns)
         rows = list(_answer_rows(answer, len(keys), len(relation.columns)))
         result = extend(partial, step, keys, rows)
         concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
@@ -156,7 +167,17 @@ class ViewChange:
             partners.update(outer_join.count_partners(keys, rows, self.plan.partner_step, relation.cols(), undone))
         return result
 
-    def _request(self, step: SweepStep, keys: list[tuple], priority: float) -> Subquery:
+    async def _answer(
+        self, step: SweepStep, keys: list[tuple], priority: float, stats: ChangeStats, select: tuple[str, ...]
+    ) -> SubqueryAnswer:
+        relation = self.plan.relations[step.relation]
+        started = time.perf_counter()
+        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority, select))
+        stats.subqueries += 1
+        stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
+        return answer
+
+    def _request(self, step: SweepStep, keys: list[tuple], priority: float, select: tuple[str, ...]) -> Subquery:
         relation = self.plan.relations[step.relation]
         shipped = {col: expr.Col(KEY_RELATION, f"k{i}") for i, col in enumerate(step.keys)}
         on = expr.substitute(step.on, shipped) if step.on is not None else None
@@ -166,7 +187,7 @@ class ViewChange:
             keys=[list(k) for k in keys],
             on=expr.to_wire(on) if on is not None else None,
             where=expr.to_wire(relation.where) if relation.where is not None else None,
-            select=list(relation.columns),
+            select=list(select),
             priority=priority,
         )
 
