@@ -17,6 +17,11 @@ parts (``join.key_chunks``), one after the other: each part is a subquery of its
 its own snapshot and watermark, and is compensated against its own watermark. The parts
 share no key, so the sum of their exact joins is the step's exact join; no key list is ever
 too long for the wire, and a source never holds one huge request.
+
+A view with a LEFT JOIN adds its NULL-extended rows from partner counts taken in the same
+compensated states (``warehouse.outer_join``; docs/protocol.md, "Outer joins"): the step
+asking the right relation counts each key's partners too, and the right relation's own term
+asks the counts of the keys its delta touches.
 """
 
 from __future__ import annotations
