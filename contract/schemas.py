@@ -202,7 +202,10 @@ class Subquery(BaseModel):
     )
     on: dict[str, Any] | None = None
     where: dict[str, Any] | None = None
-    select: list[str] = Field(max_length=MAX_SELECT_COLUMNS)
+    select: list[str] = Field(
+        max_length=MAX_SELECT_COLUMNS,
+        description="the relation's columns to answer with; none: one count per key (an outer join's partner counts)",
+    )
     priority: float = Field(default=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")

@@ -155,6 +155,15 @@ class WithoutCompensation(ViewProtocol):
         return []
 
 
+class WithoutChainRule(ViewProtocol):
+    """PVM broken on purpose: a unit's own deltas are never subtracted from its answers, so
+    for a unit changing positions j < k (a self-join's two aliases) both terms see the other's
+    delta, and ΔR_j ⋈ ΔR_k is counted twice."""
+
+    def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
+        return super().concurrent_deltas(unit, 10**9, position, source, watermark)  # every position "earlier"
+
+
 class WithoutRetention(ViewProtocol):
     """PVM broken on purpose: a finished unit leaves at once, never kept in the RPU for the
     earlier units still running to compensate with."""

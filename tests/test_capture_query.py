@@ -110,3 +110,13 @@ def test_captured_and_answered_values_are_the_same(source) -> None:  # type: ign
 def test_keys_that_cannot_match_a_column_are_refused(source) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidRequest, match="k0 holds 'x', which cannot be compared with a integer column"):
         answer(*source, [["x"]], KEY_ON_K, None, ["id"])
+
+
+def test_a_subquery_selecting_no_column_counts_partners_per_key(source) -> None:
+    """What an outer join asks for the partner counts of its keys: one row per key with a
+    partner, ``[key index, count]``; a key without one (or NULL) has no row."""
+    dialect, engine = source
+    keys = [[0], [1], [2], [7], [None]]
+    got = answer(dialect, engine, keys, KEY_ON_K, Cmp("<>", Col("r", "v"), Lit("b")), [])
+    assert got == expected(keys, KEY_ON_K, Cmp("<>", Col("r", "v"), Lit("b")), [])
+    assert set(got) == {(0,), (1,), (2,)} and sum(got.values()) == 10  # 11 non-NULL v, "b" is out

@@ -6,6 +6,10 @@ are maintenance-concurrent and effects commit out of order. Two views are mainta
 once (a chain over three sources, and a four-relation view where one source holds two
 relations and changes both in one transaction), each with a random parallelism, batch size
 and commit mode, defined while the workload runs (initial load under concurrent updates).
+More schedules run two self-join views instead (``SELF_JOIN_VIEWS``: one table under two
+aliases), and two LEFT JOIN views (``OUTER_JOIN_VIEWS``), with the same checks and checks of
+their own (a unit's ΔR ⋈ ΔR counted twice; partner counts not compensated; no NULL-extended
+rows added or removed for a change of the right relation).
 
 The delays are drawn from the schedule's seed and slept in virtual time, and the manager's
 catalog and store calls run inline (``tests.virtual_time``): a seed gives the same
@@ -38,9 +42,17 @@ from pathlib import Path
 import pytest
 
 from contract.zset import ZSet
-from tests.sim import Delays, SimSource, WithoutCompensation, WithoutRetention, recompute, start_sim_manager
+from tests.sim import (
+    Delays,
+    SimSource,
+    WithoutChainRule,
+    WithoutCompensation,
+    WithoutRetention,
+    recompute,
+    start_sim_manager,
+)
 from tests.virtual_time import InlineExecutor, run_in_virtual_time
-from warehouse import view_change
+from warehouse import outer_join, view_change
 from warehouse.aggregate import visible
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
@@ -70,6 +82,24 @@ AGGREGATE_VIEWS = {
     "busy": "SELECT R3.A, COUNT(*) AS n, MAX(R2.A) AS top FROM s2.R2, s3.R3 WHERE R2.B = R3.A "
     "GROUP BY R3.A HAVING COUNT(*) > 2",
     "pairs": "SELECT DISTINCT R1.B, R2.B AS b2 FROM s1.R1, s2.R2 WHERE R1.B = R2.A",
+}
+SELF_JOIN_VIEWS = {
+    # R3 twice, as employee and manager: different columns (e: A, B, C; m: A, C) and local
+    # predicates, then two more sources
+    "pairs": "SELECT e.A AS ea, m.A AS ma, R2.B AS b2 FROM s3.R3 e JOIN s3.R3 m ON e.B = m.A "
+    "JOIN s1.R1 ON m.C = R1.A JOIN s2.R2 ON R1.B = R2.A WHERE e.C <> 3 AND m.C IN (0, 1, 2)",
+    # R1 twice with another source between, and T1 of the same source after: one s1
+    # transaction changes positions 0, 2 and 3 at once
+    "around": "SELECT p.A AS pa, q.B AS qb, T1.B AS tb FROM s1.R1 p, s2.R2, s1.R1 q, s1.T1 "
+    "WHERE p.B = R2.A AND R2.B = q.A AND q.B = T1.A AND p.A IN (0, 1, 2)",
+}
+OUTER_JOIN_VIEWS = {
+    # an inner join over two sources, then a LEFT JOIN to a third, with a local ON predicate
+    "optional": "SELECT R1.A AS a1, R2.A AS a2, R3.C AS c3 FROM s1.R1 JOIN s2.R2 ON R1.B = R2.A "
+    "LEFT JOIN s3.R3 ON R2.B = R3.A AND R3.C <> 3",
+    # the right side is the left side's own table (a self-join), under an inequality too
+    "managers": "SELECT e.A AS ea, m.B AS mb, R1.A AS ra FROM s1.R1 JOIN s3.R3 e ON R1.B = e.A "
+    "LEFT JOIN s3.R3 m ON e.B = m.A AND e.C < m.C",
 }
 DOMAIN = 4
 
@@ -245,7 +275,7 @@ async def check_view(manager: Manager, view: str, sources: dict[str, SimSource],
         for unit in units:  # units come in order: W grows by one per iteration
             for i in unit.log_ids:
                 upto[entries[i].source] = max(upto[entries[i].source], entries[i].seq)
-            contents = {(s, t): z for s in sources for t, z in sources[s].state_at(upto[s]).items()}
+            contents = {(s, t): z for s in plan.sources for t, z in sources[s].state_at(upto[s]).items()}
             expected = recompute(plan, contents, columns)
             got = read_view(manager, view, as_of=unit.order)
             if got != expected:
@@ -398,7 +428,7 @@ class ClampingStore(RecordingStore):
 
 
 def first_failure(tmp_path, make, attempts: int = 60, views: dict[str, str] = VIEWS) -> int | None:
-    """The first seed from 5000 on whose schedule the oracle rejects."""
+    """The first seed from 5000 on whose schedule over ``views`` the oracle rejects."""
     for seed in range(5000, 5000 + attempts):
         protocol, store = make()
         if schedule(tmp_path, seed, protocol=protocol, store=store, views=views).mismatches:
@@ -502,3 +532,119 @@ def test_parts_without_compensation_are_caught(tmp_path, monkeypatch):
     """The oracle still sees a missing compensation when steps are asked in parts."""
     monkeypatch.setattr(view_change, "KEYS_PER_SUBQUERY", 2)
     assert first_failure(tmp_path, lambda: (WithoutCompensation, None), attempts=30) is not None
+
+
+# -- self-joins --------------------------------------------------------------------------------
+SELF_JOIN_SCHEDULES = 60
+
+
+@pytest.mark.parametrize("seed", range(SELF_JOIN_SCHEDULES))
+def test_self_join_schedule_matches_recomputation(tmp_path, seed):
+    """A table read under two aliases: every update of it is an update of both positions,
+    maintained as the chain rule's terms in position order, compensated at every position
+    that reads it (docs/protocol.md, "Self-joins")."""
+    outcome = schedule(tmp_path, 9000 + seed, views=SELF_JOIN_VIEWS)
+    replay = f"replay: pytest 'tests/test_oracle.py::test_self_join_schedule_matches_recomputation[{seed}]'"
+    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
+    assert all(w >= 1 for w in outcome.watermarks.values())
+
+
+def test_self_join_schedules_exercise_concurrency(tmp_path):
+    outcomes = [schedule(tmp_path, 9000 + seed, views=SELF_JOIN_VIEWS) for seed in range(10)]
+    assert sum(o.compensations for o in outcomes) > 50
+    assert sum(o.out_of_order for o in outcomes) >= 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (WithoutCompensation, None),
+        lambda: (WithoutRetention, None),
+        lambda: (None, ClampingStore()),
+    ],
+    ids=["compensation", "retention", "signed-counts"],
+)
+def test_self_join_oracle_catches_broken_variants(tmp_path, make):
+    """Switching compensation, retention or signed counts off fails the self-join views too;
+    the same schedule passes with them on."""
+    seed = first_failure(tmp_path, make, views=SELF_JOIN_VIEWS)
+    assert seed is not None
+    assert schedule(tmp_path, seed, views=SELF_JOIN_VIEWS).mismatches == []
+
+
+def test_self_join_counts_the_delta_join_once(tmp_path):
+    """In "pairs" the only relations of s3 are R3's two aliases, so a unit of s3 that changes
+    both is a self-join's own ΔR ⋈ ΔR: keeping the unit's own deltas in both terms counts it
+    twice, and the oracle notices."""
+    pairs = {"pairs": SELF_JOIN_VIEWS["pairs"]}
+    seed = first_failure(tmp_path, lambda: (WithoutChainRule, None), views=pairs)
+    assert seed is not None
+    assert schedule(tmp_path, seed, views=pairs).mismatches == []
+
+
+# -- outer joins -------------------------------------------------------------------------------
+OUTER_JOIN_SCHEDULES = 60
+
+
+@pytest.mark.parametrize("seed", range(OUTER_JOIN_SCHEDULES))
+def test_outer_join_schedule_matches_recomputation(tmp_path, seed):
+    """LEFT JOIN views: NULL-extended rows appear and go as partners come and go, under
+    concurrent updates and out-of-order commits (docs/protocol.md, "Outer joins")."""
+    outcome = schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS)
+    replay = f"replay: pytest 'tests/test_oracle.py::test_outer_join_schedule_matches_recomputation[{seed}]'"
+    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
+    assert all(w >= 1 for w in outcome.watermarks.values())
+
+
+def test_outer_join_schedules_exercise_concurrency(tmp_path):
+    outcomes = [schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS) for seed in range(10)]
+    assert sum(o.compensations for o in outcomes) > 50
+    assert sum(o.out_of_order for o in outcomes) >= 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (WithoutCompensation, None),
+        lambda: (WithoutRetention, None),
+        lambda: (None, ClampingStore()),
+    ],
+    ids=["compensation", "retention", "signed-counts"],
+)
+def test_outer_join_oracle_catches_broken_variants(tmp_path, make):
+    seed = first_failure(tmp_path, make, views=OUTER_JOIN_VIEWS)
+    assert seed is not None
+    assert schedule(tmp_path, seed, views=OUTER_JOIN_VIEWS).mismatches == []
+
+
+def _uncompensated_counts(keys, answer, step, rel_cols, subtract):
+    return COUNT_PARTNERS(keys, answer, step, rel_cols, None)
+
+
+COUNT_PARTNERS = outer_join.count_partners
+
+
+@pytest.mark.parametrize(
+    "name, broken",
+    [("count_partners", _uncompensated_counts), ("flips", lambda after, own: {})],
+    ids=["uncompensated-partner-counts", "no-flips"],
+)
+def test_outer_join_oracle_catches_broken_null_extension(tmp_path, monkeypatch, name, broken):
+    """Partner counts taken from an answer as it is (the concurrent updates it reflects not
+    subtracted), or a change of the right relation that never adds or removes NULL-extended
+    rows: the oracle notices, although the inner join's rows are still right."""
+    monkeypatch.setattr(outer_join, name, broken)
+    seed = first_failure(tmp_path, lambda: (None, None), views=OUTER_JOIN_VIEWS)
+    assert seed is not None
+    monkeypatch.undo()
+    assert schedule(tmp_path, seed, views=OUTER_JOIN_VIEWS).mismatches == []
+
+
+def test_self_and_left_join_steps_asked_in_parts(tmp_path, monkeypatch):
+    """Two keys per subquery: partner counts gathered over the parts, each compensated against
+    its own watermark, still decide the NULL-extended rows right."""
+    monkeypatch.setattr(view_change, "KEYS_PER_SUBQUERY", 2)
+    for views in (SELF_JOIN_VIEWS, OUTER_JOIN_VIEWS):
+        for seed in range(7100, 7110):
+            outcome = schedule(tmp_path, seed, views=views)
+            assert not outcome.mismatches, (seed, outcome.mismatches)

@@ -63,11 +63,51 @@ REJECTED = [
     ("SELECT x.id FROM (SELECT id FROM shop.orders) x", "subqueries"),
     ("SELECT o.id FROM shop.orders o, crm.customers o", "duplicate alias o"),
     ("SELECT o.id FROM shop.orders o, crm.customers O", "duplicate alias O"),
-    ("SELECT a.id FROM shop.orders a, shop.orders b", "shop.orders appears twice; self-joins are not supported"),
+    ("SELECT orders.id FROM shop.orders, shop.orders", "shop.orders appears twice as orders; give each occurrence"),
+    ("SELECT a.id FROM shop.orders a, shop.orders A", "shop.orders appears twice as A; give each occurrence"),
     ("SELECT o.id FROM shop.orders o(a, b)", "column aliases"),
-    ("SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id", "outer joins are not supported"),
-    ("SELECT o.id FROM shop.orders o RIGHT JOIN crm.customers c ON o.customer = c.id", "outer joins"),
-    ("SELECT o.id FROM shop.orders o FULL OUTER JOIN crm.customers c ON o.customer = c.id", "outer joins"),
+    ("SELECT o.id FROM shop.orders o RIGHT JOIN crm.customers c ON o.customer = c.id", "RIGHT outer joins are not"),
+    ("SELECT o.id FROM shop.orders o FULL OUTER JOIN crm.customers c ON o.customer = c.id", "FULL outer joins"),
+    ("SELECT o.id FROM shop.orders o LEFT SEMI JOIN crm.customers c ON o.customer = c.id", "LEFT SEMI JOIN is not"),
+    ("SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c USING (id)", "USING"),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN (crm.customers c JOIN crm.regions r ON c.country = r.country) "
+        "ON o.customer = c.id",
+        "an outer join whose right side is not a single relation",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id "
+        "LEFT JOIN crm.regions r ON c.country = r.country",
+        "more than one outer join",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id "
+        "JOIN crm.regions r ON o.note = r.country",
+        "a join after an outer join is not supported; write the LEFT JOIN last",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o JOIN crm.regions r ON o.note = r.country "
+        "LEFT JOIN crm.customers c ON o.customer + r.region = c.id",
+        r"an outer join whose ON clause references a third relation \(o.customer \+ r.region = c.id\)",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o JOIN crm.regions r ON o.note = r.country "
+        "LEFT JOIN crm.customers c ON o.customer = c.id AND c.name = r.region",
+        r"an outer join whose ON clause references a third relation \(o, r with c\)",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id AND o.amount > 3",
+        r"an outer join whose ON clause has a condition on its left side alone \(o.amount > 3\)",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON c.country = 'FR'",
+        "an outer join whose ON clause does not compare c with the left side",
+    ),
+    (
+        "SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON o.customer = c.id WHERE c.id IS NULL",
+        "a condition outside the outer join's ON clause on its right relation c",
+    ),
+    ("SELECT o.id FROM shop.orders o LEFT JOIN crm.customers c ON 1 = 1", "constant predicate"),
     ("SELECT c.id FROM crm.customers c NATURAL JOIN crm.regions r", "NATURAL joins"),
     ("SELECT c.id FROM crm.customers c JOIN crm.regions r USING (country)", "USING"),
     # SELECT list
@@ -183,6 +223,25 @@ def test_chain_view_and_sweep(schema) -> None:
     assert [s.relation for s in plan.sweep(None)] == [0, 1, 2]
     assert plan.sweep(1)[0].keys == (Col("R2", "B"),)
     assert plan.sweep(1)[1].keys == (Col("R2", "A"),)
+
+
+def test_self_join_is_one_relation_per_alias(schema) -> None:
+    """A table read twice is two relations of the plan, each with its own columns and local
+    predicate, and SWEEP queries the other alias like any other relation."""
+    plan = parse_view(
+        "SELECT e.id, m.note AS boss_note FROM shop.orders e JOIN shop.orders m ON e.customer = m.id "
+        "WHERE e.amount > 10 AND m.status = 'vip'",
+        schema,
+        "bosses",
+    )
+    assert plan.relations == (
+        RelationRef("e", "shop", "orders", ("id", "customer", "amount"), Cmp(">", Col("e", "amount"), Lit(10))),
+        RelationRef("m", "shop", "orders", ("id", "status", "note"), Cmp("=", Col("m", "status"), Lit("vip"))),
+    )
+    assert plan.sources == ("shop",)
+    assert plan.join == (Cmp("=", Col("e", "customer"), Col("m", "id")),)
+    assert [(s.relation, s.keys) for s in plan.sweep(0)] == [(1, (Col("e", "customer"),))]
+    assert [(s.relation, s.keys) for s in plan.sweep(1)] == [(0, (Col("m", "id"),))]
 
 
 def test_chain_view_without_aliases_has_duplicate_outputs(schema) -> None:
@@ -361,3 +420,26 @@ def test_null_semantics(schema) -> None:
     assert [keep(**row) for row in rows] == [True, False, False, False]
     keep_not = _filter(schema, "note IS NOT NULL OR amount = 1")
     assert [keep_not(**row) for row in (dict(amount=2, note="x"), dict(amount=1), dict())] == [True, True, False]
+
+
+def test_left_join_plan(schema) -> None:
+    """The ON conjuncts reading the right relation alone are its local predicate; those with
+    the left side are join conjuncts; the right relation is swept last."""
+    plan = parse_view(
+        "SELECT o.id, c.name FROM shop.orders o JOIN crm.regions r ON o.note = r.country "
+        "LEFT OUTER JOIN crm.customers c ON o.customer = c.id AND c.country = 'FR' WHERE o.amount > 3",
+        schema,
+        "v",
+    )
+    assert plan.outer == 2
+    assert plan.relations[2] == RelationRef(
+        "c", "crm", "customers", ("id", "name", "country"), Cmp("=", c("country"), Lit("FR"))
+    )
+    assert plan.outer_on == (Cmp("=", o("customer"), c("id")),)
+    assert plan.partner_step.keys == plan.partner_step.layout == (o("customer"),)
+    # every term but the right relation's own queries it last
+    assert [s.relation for s in plan.sweep(None)] == [0, 1, 2]
+    assert [s.relation for s in plan.sweep(0)] == [1, 2]
+    assert [s.relation for s in plan.sweep(1)] == [0, 2]
+    assert [s.relation for s in plan.sweep(2)] == [0, 1]
+    assert plan.sweep(0)[-1].keys == (o("customer"),)

@@ -127,3 +127,9 @@ def test_unknown_names_are_rejected(source, change: dict, message: str) -> None:
     body = {"relation": "r", "alias": "r", "keys": [[1]], "on": None, "where": None, "select": ["id"], **change}
     with pytest.raises(InvalidRequest, match=message):
         query.prepare(Subquery.model_validate(body), source[1])
+
+
+def test_no_selected_column_counts_per_key(source) -> None:
+    """An outer join's partner counts: one ``[key index, count]`` per key with partners."""
+    answer = check(source, [(1,), (2,), (9,), (None,)], Cmp("=", key(0), r("b")), None, [])
+    assert sorted(answer) == [[0, 3], [1, 2]]

@@ -3,6 +3,25 @@
 A change of relation R_i is kept for a view if it passes R_i's local predicate, and is
 projected to the columns the view needs from R_i. Changes of relations the view does not
 read vanish; an update that leaves nothing is not the view's concern at all.
+
+A table the view reads more than once (a self-join: employee and manager) has one position
+per alias, each with its own columns and local predicate: a change of the table is a change
+of every one of them, filtered and projected for each, and the chain rule maintains the
+positions as separate relations (docs/protocol.md, "Self-joins").
+
+>>> from contract.expr import Cmp, Col, Lit
+>>> from warehouse.catalog.db import LogEntry
+>>> from warehouse.plan import OutputColumn, RelationRef, ViewPlan
+>>> e = RelationRef("e", "hr", "emp", ("id", "boss"))
+>>> m = RelationRef("m", "hr", "emp", ("id", "name"), Cmp("<>", Col("m", "name"), Lit("x")))
+>>> plan = ViewPlan("v", (e, m), (Cmp("=", Col("e", "boss"), Col("m", "id")),), (OutputColumn("name", Col("m", "name")),))
+>>> extract = DeltaExtractor(plan)
+>>> row = {"id": 1, "boss": 1, "name": "ann"}
+>>> update = extract(LogEntry(7, "hr", 3, [{"relation": "emp", "sign": 1, "row": row}], None, 0.0))
+>>> update.deltas
+{0: ZSet({(1, 1): 1}), 1: ZSet({(1, 'ann'): 1})}
+>>> extract.needed_columns("hr", "emp")
+('id', 'boss', 'name')
 """
 
 from __future__ import annotations
@@ -17,32 +36,46 @@ from warehouse.protocol import ViewUpdate
 class DeltaExtractor:
     def __init__(self, plan: ViewPlan) -> None:
         self.plan = plan
-        self._positions = {(r.source, r.table): i for i, r in enumerate(plan.relations)}
+        self._reads = {(t.source, t.table): t for t in plan.table_reads}
+        self._positions = {key: t.positions for key, t in self._reads.items()}
         self._filters = [compile_filter(r.where, {c: i for i, c in enumerate(r.cols())}) for r in plan.relations]
 
     def __call__(self, entry: LogEntry) -> ViewUpdate | None:
         deltas: dict[int, ZSet] = {}
         for change in entry.changes:
-            position = self._positions.get((entry.source, change["relation"]))
-            if position is None:
-                continue
-            relation = self.plan.relations[position]
-            row = tuple(change["row"][c] for c in relation.columns)
-            if self._filters[position](row):
-                deltas.setdefault(position, ZSet()).add(row, change["sign"])
-        deltas = {p: d for p, d in deltas.items() if d}
+            for position in self._positions.get((entry.source, change["relation"]), ()):
+                relation = self.plan.relations[position]
+                row = tuple(change["row"][c] for c in relation.columns)
+                if self._filters[position](row):
+                    deltas.setdefault(position, ZSet()).add(row, change["sign"])
+        deltas = {p: d for p, d in sorted(deltas.items()) if d}
         if not deltas:
             return None
         return ViewUpdate(entry.id, entry.source, entry.seq, deltas, entry.captured_at, entry.received_at)
 
     def complete(self, entry: LogEntry) -> bool:
         """Whether every change carries the columns the view needs of its relation."""
-        for change in entry.changes:
-            position = self._positions.get((entry.source, change["relation"]))
-            if position is not None and not set(self.plan.relations[position].columns) <= change["row"].keys():
-                return False
-        return True
+        return all(
+            set(self.needed_columns(entry.source, change["relation"])) <= change["row"].keys()
+            for change in entry.changes
+        )
 
     def needed_columns(self, source: str, table: str) -> tuple[str, ...]:
-        position = self._positions.get((source, table))
-        return () if position is None else self.plan.relations[position].columns
+        """The columns the view reads of ``table``, over all its positions (``TableRead``)."""
+        read = self._reads.get((source, table))
+        return () if read is None else read.columns
+
+    def table_changes(self, entry: LogEntry, table: str) -> ZSet:
+        """The changes of ``table`` in ``entry`` as ``TableRead`` reads the table: rows that
+        pass a local predicate of any of its positions, projected to all their columns."""
+        read = self._reads.get((entry.source, table))
+        out = ZSet()
+        if read is None:
+            return out
+        for change in entry.changes:
+            row = change["row"]
+            if change["relation"] == table and any(
+                self._filters[p](tuple(row[c] for c in self.plan.relations[p].columns)) for p in read.positions
+            ):
+                out.add(tuple(row[c] for c in read.columns), change["sign"])
+        return out

@@ -20,6 +20,10 @@ the partial result yet, the first one in SWEEP's order that does is taken instea
 chain or path written in its order that is SWEEP's order; for any other FROM order of a
 connected view it avoids the cross product SWEEP's order would ship.
 
+A view with a LEFT JOIN (``outer``: its right relation, the last) queries that relation last
+in every term but its own, so that the step asking it holds whole left rows: their partner
+counts decide which of them are extended with NULLs (``warehouse.outer_join``).
+
 >>> from contract.expr import Col, Cmp
 >>> r = RelationRef("r", "s1", "r", ("a", "b"), None)
 >>> s = RelationRef("s", "s2", "s", ("b",), None)
@@ -35,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from contract.expr import Col, Expr, columns, conjoin, relations
+from contract.expr import Col, Expr, Or, columns, conjoin, relations, substitute
 from warehouse.aggregate import Summary
 
 
@@ -51,6 +55,22 @@ class RelationRef:
 
     def cols(self) -> tuple[Col, ...]:
         return tuple(Col(self.alias, c) for c in self.columns)
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """One source table as all the view's relations over it read it together: a self-join
+    reads one table under several aliases (``positions``). Its columns are theirs, first seen
+    first; a row matters if any of their local predicates holds (``where``, written over
+    ``alias``, the first of them; None: every row). What a wrapper ships of the table and
+    what a verification reads of it."""
+
+    source: str
+    table: str
+    alias: str
+    columns: tuple[str, ...]
+    where: Expr | None
+    positions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -83,17 +103,61 @@ class ViewPlan:
     # GROUP BY, aggregates or DISTINCT over the SPJ body whose columns ``outputs`` are
     # (``warehouse/aggregate.py``); None: the view is the body itself.
     summary: Summary | None = None
+    outer: int | None = None
+    """The position of a LEFT JOIN's right relation (always the last), or None: the view is
+    the inner join plus every left row without a partner, extended with NULLs. Its ON
+    conjuncts that read the left side are the join conjuncts reading it (``outer_on``); those
+    that read it alone are its local predicate. See docs/protocol.md, "Outer joins"."""
 
     # -- lookups -----------------------------------------------------------------------
-    def position(self, source: str, table: str) -> int | None:
-        for i, r in enumerate(self.relations):
-            if r.source == source and r.table == table:
-                return i
-        return None
-
     @cached_property
     def sources(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.source for r in self.relations))
+
+    @cached_property
+    def table_reads(self) -> tuple[TableRead, ...]:
+        """Every distinct table the view reads, in FROM order of its first relation.
+
+        >>> e = RelationRef("e", "hr", "emp", ("id", "boss"))
+        >>> m = RelationRef("m", "hr", "emp", ("id", "name"))
+        >>> [(t.table, t.alias, t.columns, t.positions) for t in ViewPlan("v", (e, m), (), ()).table_reads]
+        [('emp', 'e', ('id', 'boss', 'name'), (0, 1))]
+        """
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, r in enumerate(self.relations):
+            groups.setdefault((r.source, r.table), []).append(i)
+        return tuple(self._table_read(source, table, tuple(ps)) for (source, table), ps in groups.items())
+
+    def _table_read(self, source: str, table: str, positions: tuple[int, ...]) -> TableRead:
+        refs = [self.relations[p] for p in positions]
+        alias = refs[0].alias
+        cols = tuple(dict.fromkeys(c for r in refs for c in r.columns))
+        wheres = [
+            None if r.where is None else substitute(r.where, {Col(r.alias, c): Col(alias, c) for c in r.columns})
+            for r in refs
+        ]
+        where = None if None in wheres else wheres[0] if len(wheres) == 1 else Or(tuple(w for w in wheres if w))
+        return TableRead(source, table, alias, cols, where, positions)
+
+    # -- LEFT JOIN ---------------------------------------------------------------------------
+    @cached_property
+    def outer_on(self) -> tuple[Expr, ...]:
+        """The outer join's ON conjuncts between its two sides (empty for an inner view)."""
+        if self.outer is None:
+            return ()
+        alias = self.relations[self.outer].alias
+        return tuple(c for c in self.join if alias in relations(c))
+
+    @cached_property
+    def partner_step(self) -> SweepStep:
+        """A step asking the outer join's right relation for the partners of left keys: the
+        layout is the key, the left side's columns the ON clause reads. A left row's partner
+        count depends on those columns only (the ON clause reads nothing else of the left)."""
+        assert self.outer is not None, "only an outer join has partners to count"
+        on = conjoin(list(self.outer_on))
+        left = [r for i, r in enumerate(self.relations) if i != self.outer]
+        keys = tuple(c for r in left for c in r.cols() if on is not None and c in columns(on))
+        return SweepStep(self.outer, keys, keys, on)
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -134,6 +198,8 @@ class ViewPlan:
         remaining = [j for j in order if j not in joined]
         if not remaining:
             return None
+        if len(remaining) > 1 and self.outer in remaining:  # a LEFT JOIN's right side comes last
+            remaining.remove(self.outer)
         present = {self.relations[i].alias for i in joined}
         connected = [j for j in remaining if self._joins(self.relations[j].alias, present)]
         return connected[0] if connected else remaining[0]

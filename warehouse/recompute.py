@@ -42,27 +42,49 @@ def recompute_body(
     contents: Mapping[tuple[str, str], ZSet],
     columns: Mapping[tuple[str, str], tuple[str, ...]],
 ) -> ZSet:
-    """The view's select-project-join body over ``contents`` (the view itself without an aggregate)."""
+    """The view's select-project-join body over ``contents`` (the view itself without an aggregate).
+    A LEFT JOIN's right relation is joined last, to the rows of all the others: each row with
+    every partner its ON clause finds, or, finding none, with NULLs."""
     layout: list[expr.Col] = []
     combos = ZSet.unit()
     for r, cols in _join_order(plan, columns):
-        local = expr.compile_filter(r.where, {c: i for i, c in enumerate(cols)})
-        table = contents[(r.source, r.table)].filter(local)
-        left_keys, right_keys = _equalities(plan.join, layout, cols)
-        buckets: dict[tuple, list] = {}
-        for right, wr in table.items():
-            buckets.setdefault(tuple(right[i] for i in right_keys), []).append((right, wr))
-        combos = ZSet(
-            (left + right, wl * wr)
-            for left, wl in combos.items()
-            for right, wr in buckets.get(tuple(left[i] for i in left_keys), ())
-        )
+        combos = _hash_join(plan.join, combos, layout, _filtered(r, contents, cols), cols)
         layout += cols
-    where = expr.conjoin([*(r.where for r in plan.relations if r.where is not None), *plan.join])
+    inner = [c for c in plan.join if c not in plan.outer_on]
+    left = [r for i, r in enumerate(plan.relations) if i != plan.outer]
+    where = expr.conjoin([*(r.where for r in left if r.where is not None), *inner])
+    combos = combos.filter(expr.compile_filter(where, {c: i for i, c in enumerate(layout)}))
+    if plan.outer is not None:
+        right = plan.relations[plan.outer]
+        cols = [expr.Col(right.alias, c) for c in columns[(right.source, right.table)]]
+        on = expr.compile_filter(expr.conjoin(list(plan.outer_on)), {c: i for i, c in enumerate(layout + cols)})
+        matched = _hash_join(plan.outer_on, combos, layout, _filtered(right, contents, cols), cols).filter(on)
+        has_partner = {row[: len(layout)] for row in matched.rows()}
+        nulls = (None,) * len(cols)
+        matched.add_all(ZSet((row + nulls, w) for row, w in combos.items() if row not in has_partner))
+        combos, layout = matched, layout + cols
     index = {c: i for i, c in enumerate(layout)}
-    keep = expr.compile_filter(where, index)
     outputs = [index[o.column] for o in plan.outputs]
-    return combos.filter(keep).map_rows(lambda row: tuple(row[i] for i in outputs))
+    return combos.map_rows(lambda row: tuple(row[i] for i in outputs))
+
+
+def _filtered(r: RelationRef, contents: Mapping[tuple[str, str], ZSet], cols: list[expr.Col]) -> ZSet:
+    """The relation's rows that pass its local predicate."""
+    return contents[(r.source, r.table)].filter(expr.compile_filter(r.where, {c: i for i, c in enumerate(cols)}))
+
+
+def _hash_join(join, combos: ZSet, layout: list[expr.Col], table: ZSet, cols: list[expr.Col]) -> ZSet:
+    """``combos × table``, hashed on the column equalities of ``join`` between them (the rest
+    of ``join`` is left to the caller's filter)."""
+    left_keys, right_keys = _equalities(join, layout, cols)
+    buckets: dict[tuple, list] = {}
+    for right, wr in table.items():
+        buckets.setdefault(tuple(right[i] for i in right_keys), []).append((right, wr))
+    return ZSet(
+        (left + right, wl * wr)
+        for left, wl in combos.items()
+        for right, wr in buckets.get(tuple(left[i] for i in left_keys), ())
+    )
 
 
 def _join_order(
@@ -80,7 +102,11 @@ def _join_order(
     >>> [r.alias for r, _ in _join_order(plan, {("s", x): ("k",) for x in "acb"})]
     ['a', 'b', 'c']
     """
-    remaining = {r.alias: (r, [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]]) for r in plan.relations}
+    remaining = {
+        r.alias: (r, [expr.Col(r.alias, c) for c in columns[(r.source, r.table)]])
+        for i, r in enumerate(plan.relations)
+        if i != plan.outer  # a LEFT JOIN's right relation is joined apart, last
+    }
     order: list[tuple[RelationRef, list[expr.Col]]] = []
     layout: list[expr.Col] = []
     while remaining:

@@ -10,7 +10,8 @@ than the SQL.
 The WHERE clause and every ``JOIN … ON`` condition are split into top-level conjuncts. A
 conjunct that reads one relation becomes that relation's local predicate (evaluated at the
 source, and on its deltas); one that reads several relations is a join conjunct. Because
-inner joins commute, ``JOIN … ON p`` means exactly ``, … WHERE p``.
+inner joins commute, ``JOIN … ON p`` means exactly ``, … WHERE p``. A LEFT JOIN's ON clause
+is not a filter: it is read apart, within what docs/protocol.md proves (``_outer_join``).
 
 >>> tables = {
 ...     ("shop", "orders"): ["id", "customer", "amount"],
@@ -124,6 +125,9 @@ def _plan(sql: str, schema: Schema, name: str | None) -> ViewPlan:
     rels = _relations(select, schema)
     outputs, summary = _select_list(select, rels)
     local, join = _split_conjuncts(_predicate_nodes(select), rels)
+    outer = _outer_join(select)
+    if outer is not None:
+        local, join = _with_outer_on(outer, rels, local, join)
     used = {o.column for o in outputs} | {c for e in join + list(local.values()) for c in columns(e)}
     return ViewPlan(
         name=view_name,
@@ -132,6 +136,7 @@ def _plan(sql: str, schema: Schema, name: str | None) -> ViewPlan:
         outputs=tuple(outputs),
         sql=sql,
         summary=summary,
+        outer=None if outer is None else len(rels) - 1,
     )
 
 
@@ -217,16 +222,21 @@ def _relations(select: exp.Select, schema: Schema) -> tuple[_Relation, ...]:
 
 
 def _joined_item(join: exp.Join) -> exp.Expr:
-    """The relation of an inner or cross join; its ON condition is read with the WHERE clause."""
-    if join.side:
-        raise ViewDefinitionError(f"outer joins are not supported ({join.side} JOIN)")
+    """The relation of an inner, cross or left join; an inner join's ON condition is read with
+    the WHERE clause, a left join's on its own (``_outer_join``)."""
+    if join.side and join.side != "LEFT":
+        raise ViewDefinitionError(f"{join.side} outer joins are not supported; write a LEFT JOIN")
     if join.method:
         raise ViewDefinitionError(f"{join.method} joins are not supported; write JOIN … ON")
     if join.args.get("using"):
         raise ViewDefinitionError("JOIN … USING is not supported; write JOIN … ON")
-    if join.kind not in ("", "INNER", "CROSS"):
+    if join.side and join.kind not in ("", "OUTER"):
+        raise ViewDefinitionError(f"LEFT {join.kind} JOIN is not supported; only LEFT [OUTER] JOIN is")
+    if not join.side and join.kind not in ("", "INNER", "CROSS"):
         raise ViewDefinitionError(f"{join.kind} JOIN is not supported; only inner joins are")
-    extra = _extra_args(join, {"this", "on", "kind"})
+    if join.side and not isinstance(join.this, exp.Table):
+        raise ViewDefinitionError("an outer join whose right side is not a single relation is not supported")
+    extra = _extra_args(join, {"this", "on", "kind", "side"})
     if extra:
         raise ViewDefinitionError(f"JOIN {', '.join(extra)} is not supported")
     return join.this
@@ -251,16 +261,19 @@ def _relation(item: exp.Expr, schema: Schema) -> _Relation:
 
 
 def _check_distinct(rels: Sequence[_Relation]) -> None:
-    seen: set[tuple[str, str]] = set()
-    aliases: set[str] = set()
+    """Every relation has an alias of its own. One table may appear more than once (a
+    self-join), each occurrence a relation of the view under its own alias."""
+    aliases: dict[str, _Relation] = {}
     for r in rels:
-        if (r.source, r.table) in seen:
-            raise ViewDefinitionError(f"relation {r.source}.{r.table} appears twice; self-joins are not supported")
         # Aliases resolve case-insensitively as a fallback, so they must differ beyond case.
-        if r.alias.lower() in aliases:
-            raise ViewDefinitionError(f"duplicate alias {r.alias}")
-        seen.add((r.source, r.table))
-        aliases.add(r.alias.lower())
+        first = aliases.setdefault(r.alias.lower(), r)
+        if first is r:
+            continue
+        if (first.source, first.table) == (r.source, r.table):
+            raise ViewDefinitionError(
+                f"relation {r.source}.{r.table} appears twice as {r.alias}; give each occurrence an alias of its own"
+            )
+        raise ViewDefinitionError(f"duplicate alias {r.alias}")
 
 
 def _relation_ref(rel: _Relation, used: set[Col], where: Expr | None) -> RelationRef:
@@ -366,8 +379,9 @@ def _check_output_names(outputs: Sequence[OutputColumn]) -> None:
 
 # -- WHERE / ON ------------------------------------------------------------------------------
 def _predicate_nodes(select: exp.Select) -> list[exp.Expr]:
-    """The top-level conjuncts of every ON condition, then of WHERE, in textual order."""
-    clauses = [j.args.get("on") for j in select.args.get("joins") or []]
+    """The top-level conjuncts of every inner join's ON condition, then of WHERE, in textual
+    order (a LEFT JOIN's ON condition is not a filter: ``_outer_join`` reads it)."""
+    clauses = [j.args.get("on") for j in select.args.get("joins") or [] if not j.side]
     where = select.args.get("where")
     clauses.append(where.this if where is not None else None)
     return [c for clause in clauses if clause is not None for c in _conjunct_nodes(clause)]
@@ -476,6 +490,56 @@ def _like_pattern(node: exp.Expr) -> str:
     if not (isinstance(node, exp.Literal) and node.is_string):
         raise ViewDefinitionError(f"LIKE needs a string literal pattern, not {node.sql()}")
     return node.this
+
+
+# -- LEFT JOIN -------------------------------------------------------------------------------
+def _outer_join(select: exp.Select) -> list[exp.Expr] | None:
+    """The ON conjuncts of the view's LEFT JOIN, None if it has none. What is accepted is what
+    docs/protocol.md proves: one LEFT JOIN, written last, whose right side is one relation."""
+    joins = select.args.get("joins") or []
+    outer = [j for j in joins if j.side]
+    if not outer:
+        return None
+    if len(outer) > 1:
+        raise ViewDefinitionError("more than one outer join is not supported")
+    if outer[0] is not joins[-1]:
+        raise ViewDefinitionError("a join after an outer join is not supported; write the LEFT JOIN last")
+    on = outer[0].args.get("on")
+    if on is None:
+        raise ViewDefinitionError("an outer join needs an ON condition")
+    return _conjunct_nodes(on)
+
+
+def _with_outer_on(
+    on: list[exp.Expr], rels: Sequence[_Relation], local: dict[str, Expr], join: list[Expr]
+) -> tuple[dict[str, Expr], list[Expr]]:
+    """Add the LEFT JOIN's ON conjuncts to the inner part's: those reading its right relation
+    alone are its local predicate (they choose its rows before the join), those reading it and
+    one left relation are the join conjuncts the outer join is over. Every ON conjunct must
+    read the right relation, and all of them the same one left relation; nothing else may
+    read the right relation (a WHERE condition on it would filter the NULL-extended rows)."""
+    right = rels[-1].alias
+    if right in local or any(right in relations(c) for c in join):
+        raise ViewDefinitionError(
+            f"a condition outside the outer join's ON clause on its right relation {right} is not supported"
+        )
+    on_local, on_join = _split_conjuncts(on, rels)
+    for node in on:
+        readers = relations(_condition(node, rels))
+        if right not in readers:
+            raise ViewDefinitionError(
+                f"an outer join whose ON clause has a condition on its left side alone ({node.sql()}) is not supported"
+            )
+        if len(readers) > 2:
+            raise ViewDefinitionError(f"an outer join whose ON clause references a third relation ({node.sql()})")
+    lefts = {a for c in on_join for a in relations(c)} - {right}
+    if len(lefts) > 1:
+        raise ViewDefinitionError(
+            f"an outer join whose ON clause references a third relation ({', '.join(sorted(lefts))} with {right})"
+        )
+    if not lefts:
+        raise ViewDefinitionError(f"an outer join whose ON clause does not compare {right} with the left side")
+    return {**local, **on_local}, [*join, *on_join]
 
 
 # -- rejection messages ----------------------------------------------------------------------

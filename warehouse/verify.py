@@ -291,27 +291,26 @@ async def _relations_as_of(
 
     contents: dict[tuple[str, str], ZSet] = {}
     cuts: list[SourceCut] = []
-    for position, r in enumerate(plan.relations):
+    for read in plan.table_reads:  # a table a self-join reads twice is read once, for all its aliases
         request = Subquery(
-            relation=r.table,
-            alias=r.alias,
+            relation=read.table,
+            alias=read.alias,
             keys=[[]],
             on=None,
-            where=expr.to_wire(r.where) if r.where is not None else None,
-            select=list(r.columns),
+            where=expr.to_wire(read.where) if read.where is not None else None,
+            select=list(read.columns),
         )
-        answer = await manager.clients[r.source].subquery(request)
+        answer = await manager.clients[read.source].subquery(request)
         snapshot = ZSet((tuple(row[1:-1]), int(row[-1])) for row in answer.rows)
-        since = upto.get(r.source, 0)
-        later = [e for e in await manager.db(Catalog.log_entries, r.source, since) if e.seq <= answer.watermark]
+        since = upto.get(read.source, 0)
+        later = [e for e in await manager.db(Catalog.log_entries, read.source, since) if e.seq <= answer.watermark]
 
-        def delta_of(entry: LogEntry, position: int = position) -> ZSet | None:
-            update = handle.extractor(entry)
-            return None if update is None else update.deltas.get(position)
+        def delta_of(entry: LogEntry, table: str = read.table) -> ZSet | None:
+            return handle.extractor.table_changes(entry, table)
 
         state, used = roll_back(snapshot, later, delta_of)
-        contents[(r.source, r.table)] = state
-        cuts.append(SourceCut(r.source, r.table, since, answer.watermark, used, sum(w for _, w in state.items())))
+        contents[(read.source, read.table)] = state
+        cuts.append(SourceCut(read.source, read.table, since, answer.watermark, used, sum(w for _, w in state.items())))
     return contents, cuts
 
 
@@ -324,10 +323,8 @@ def _request(
 ) -> VerifyRequest:
     """What the query process needs to recompute and compare: each relation (once, however
     often the view joins it) as a temporary view, and the view's SELECT over them."""
-    names = {
-        key: f"verify_relation_{i}" for i, key in enumerate(dict.fromkeys((r.source, r.table) for r in plan.relations))
-    }
-    columns = {(r.source, r.table): r.columns for r in plan.relations}
+    names = {(t.source, t.table): f"verify_relation_{i}" for i, t in enumerate(plan.table_reads)}
+    columns = {(t.source, t.table): t.columns for t in plan.table_reads}
     relations = [
         VerifyRelation(
             name=name,
@@ -357,7 +354,7 @@ def _compare_here(
     """The recomputation and the comparison in this process, for a store held in it (the
     in-memory store: its read copies from memory, no Spark job, no lock held for long)."""
     stored = manager.read(name, watermark)
-    columns = {(r.source, r.table): r.columns for r in plan.relations}
+    columns = {(t.source, t.table): t.columns for t in plan.table_reads}
     expected = recompute(plan, contents, columns)
     missing, extra, missing_total, extra_total = differences(expected, stored, max_differences)
     return Report(

@@ -17,6 +17,11 @@ parts (``join.key_chunks``), one after the other: each part is a subquery of its
 its own snapshot and watermark, and is compensated against its own watermark. The parts
 share no key, so the sum of their exact joins is the step's exact join; no key list is ever
 too long for the wire, and a source never holds one huge request.
+
+A view with a LEFT JOIN adds its NULL-extended rows from partner counts taken in the same
+compensated states (``warehouse.outer_join``; docs/protocol.md, "Outer joins"): the step
+asking the right relation counts each key's partners too, and the right relation's own term
+asks the counts of the keys its delta touches.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from dataclasses import dataclass, field
 from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
-from warehouse.join import distinct_keys, extend, key_chunks, local_join
+from warehouse import outer_join
+from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
@@ -64,21 +70,79 @@ class ViewChange:
     async def _sweep(self, unit: Unit, term: int, started: float, stats: ChangeStats) -> ZSet:
         changed = None if term == INITIAL_TERM else term
         partial = ZSet.unit() if changed is None else unit.delta(changed)
-        for step in self.plan.sweep(changed):
+        for i, step in enumerate(self.plan.sweep(changed)):
             if not partial:
                 return ZSet()
-            partial = await self._process_subquery(unit, term, step, partial, started, stats)
+            if step.relation == self.plan.outer:  # the last step of a left term: whole left rows
+                partial = await self._outer_step(unit, term, step, partial, started, stats)
+            else:
+                partial = await self._process_subquery(unit, term, step, partial, started, stats)
+            if i == 0 and changed is not None and changed == self.plan.outer:
+                partial.add_all(await self._flipped_left_rows(unit, term, step, partial, started, stats))
         return partial.map_rows(self.plan.projection(changed))
 
-    async def _process_subquery(
+    async def _outer_step(
         self, unit: Unit, term: int, step: SweepStep, partial: ZSet, priority: float, stats: ChangeStats
     ) -> ZSet:
+        """``partial ⟕ S``: the inner join, plus the rows of ``partial`` whose key has no
+        partner in S's state before the term, extended with NULLs."""
+        partners: dict[tuple, int] = {}
+        result = await self._process_subquery(unit, term, step, partial, priority, stats, partners)
+        result.add_all(outer_join.null_extend(partial, step, partners, len(self.plan.relations[step.relation].columns)))
+        return result
+
+    async def _flipped_left_rows(
+        self, unit: Unit, term: int, step: SweepStep, joined: ZSet, priority: float, stats: ChangeStats
+    ) -> ZSet:
+        """For a change ΔS of an outer join's right relation, after its first step (``joined``
+        is ``ΔS ⋈ Left``): the NULL-extended left rows that appear or go, because their key's
+        partner count falls to 0 or rises from it. The counts after the term are asked (the
+        unit's own ΔS kept, as for any relation of a term at or before its own position);
+        ΔS's own counts give those before."""
+        count = self.plan.partner_step
+        layout = step.layout + self.plan.relations[step.relation].cols()
+        key = key_function(SweepStep(step.relation, layout, count.keys, None))
+        keys = list(dict.fromkeys(key(row) for row in joined.rows()))
+        if not keys:
+            return ZSet()
+        delta = unit.delta(term)
+        after: dict[tuple, int] = {}
+        for start in range(0, len(keys), KEYS_PER_SUBQUERY):
+            after.update(await self._ask_counts(unit, term, keys[start : start + KEYS_PER_SUBQUERY], priority, stats))
+        own = outer_join.local_counts(keys, count, self.plan.relations[term].cols(), delta)
+        return outer_join.left_rows(joined, delta, key, outer_join.flips(after, own))
+
+    async def _ask_counts(
+        self, unit: Unit, term: int, keys: list[tuple], priority: float, stats: ChangeStats
+    ) -> dict[tuple, int]:
+        """The partner counts of ``keys`` in the outer relation, compensated against the
+        answer's watermark: a subquery selecting no column, answered with one count per key."""
+        step = self.plan.partner_step
+        relation = self.plan.relations[step.relation]
+        answer = await self._answer(step, keys, priority, stats, select=())
+        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
+        stats.compensations += len(concurrent)
+        undone = total(concurrent) if concurrent else None
+        return outer_join.count_partners(keys, _answer_rows(answer, len(keys), 0), step, relation.cols(), undone)
+
+    async def _process_subquery(
+        self,
+        unit: Unit,
+        term: int,
+        step: SweepStep,
+        partial: ZSet,
+        priority: float,
+        stats: ChangeStats,
+        partners: dict[tuple, int] | None = None,
+    ) -> ZSet:
+        """``partial ⋈ R`` of one step, compensated; with ``partners``, also the partner
+        count of each key of ``partial`` in the same compensated state (an outer join's)."""
         keys = distinct_keys(partial, step)
         if len(keys) <= KEYS_PER_SUBQUERY:
-            return await self._ask(unit, term, step, partial, keys, priority, stats)
+            return await self._ask(unit, term, step, partial, keys, priority, stats, partners)
         result = ZSet()
         for part, part_keys in key_chunks(partial, step, KEYS_PER_SUBQUERY):
-            result.add_all(await self._ask(unit, term, step, part, part_keys, priority, stats))
+            result.add_all(await self._ask(unit, term, step, part, part_keys, priority, stats, partners))
         return result
 
     async def _ask(
@@ -90,23 +154,35 @@ class ViewChange:
         keys: list[tuple],
         priority: float,
         stats: ChangeStats,
+        partners: dict[tuple, int] | None = None,
     ) -> ZSet:
         """``partial ⋈ R`` for one subquery of ``keys`` (every key of ``partial``), compensated
-        against its answer's watermark."""
+        against its answer's watermark; with ``partners``, the keys' partner counts too."""
         relation = self.plan.relations[step.relation]
-        started = time.perf_counter()
-        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority))
-        stats.subqueries += 1
-        stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
-        result = extend(partial, step, keys, _answer_rows(answer, len(keys), len(relation.columns)))
+        answer = await self._answer(step, keys, priority, stats, relation.columns)
+        rows = list(_answer_rows(answer, len(keys), len(relation.columns)))
+        result = extend(partial, step, keys, rows)
         concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
-        if concurrent:
+        undone = total(concurrent) if concurrent else None
+        if undone is not None:
             # Σ (partial ⋈ ΔR_k) = partial ⋈ Σ ΔR_k: one join, however many updates it undoes
-            result.add_all(local_join(partial, step, total(concurrent), relation.cols()), -1)
+            result.add_all(local_join(partial, step, undone, relation.cols()), -1)
             stats.compensations += len(concurrent)
+        if partners is not None:
+            partners.update(outer_join.count_partners(keys, rows, self.plan.partner_step, relation.cols(), undone))
         return result
 
-    def _request(self, step: SweepStep, keys: list[tuple], priority: float) -> Subquery:
+    async def _answer(
+        self, step: SweepStep, keys: list[tuple], priority: float, stats: ChangeStats, select: tuple[str, ...]
+    ) -> SubqueryAnswer:
+        relation = self.plan.relations[step.relation]
+        started = time.perf_counter()
+        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority, select))
+        stats.subqueries += 1
+        stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
+        return answer
+
+    def _request(self, step: SweepStep, keys: list[tuple], priority: float, select: tuple[str, ...]) -> Subquery:
         relation = self.plan.relations[step.relation]
         shipped = {col: expr.Col(KEY_RELATION, f"k{i}") for i, col in enumerate(step.keys)}
         on = expr.substitute(step.on, shipped) if step.on is not None else None
@@ -116,7 +192,7 @@ class ViewChange:
             keys=[list(k) for k in keys],
             on=expr.to_wire(on) if on is not None else None,
             where=expr.to_wire(relation.where) if relation.where is not None else None,
-            select=list(relation.columns),
+            select=list(select),
             priority=priority,
         )
 

@@ -56,11 +56,11 @@ def router_for(manager: Manager) -> APIRouter:
         status_code=201,
         response_model=ViewOut,
         summary="Define a view",
-        description="Define a view from SQL over registered sources: select-project-join, optionally with GROUP "
-        "BY, COUNT/SUM/AVG/MIN/MAX and HAVING, or DISTINCT. The answer comes at once, in state `initializing`, "
-        "while the initial load runs; the view turns `active` when it is committed. Unsupported SQL (window "
-        "functions, outer joins, subqueries, UNION, self-joins, SUM/AVG of non-numeric columns) is refused with "
-        "422 naming the construct. Admin only.",
+        description="Define a view from SQL over registered sources: select-project-join (self-joins and one "
+        "trailing LEFT JOIN included), optionally with GROUP BY, COUNT/SUM/AVG/MIN/MAX and HAVING, or DISTINCT. The "
+        "answer comes at once, in state `initializing`, while the initial load runs; the view turns `active` when it "
+        "is committed. Unsupported SQL (window functions, RIGHT/FULL or nested outer joins, subqueries, UNION, "
+        "SUM/AVG of non-numeric columns) is refused with 422 naming the construct. Admin only.",
         responses=errors(400, *AUTH, 409, 413, 422, 502),
     )
     async def define_view(body: ViewIn, _: Principal = Depends(ADMIN)) -> ViewOut:
