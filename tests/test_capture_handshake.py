@@ -202,6 +202,9 @@ def test_crash_and_manager_outage_lose_nothing(source: tuple[str, list[str]], tm
             while not released(source, mark):
                 assert time.monotonic() < deadline, "acknowledged changes stay in the source"
                 time.sleep(0.05)
+            if "log" in source[1]:
+                capture = httpx.get(f"{wrapper.url}/v1/health").json()["capture"]
+                assert capture["slot"] == pg_log_slot(url) and capture["retained_wal_bytes"] >= 0, capture
         updates = manager.updates(SOURCE)
         assert not manager.conflicts  # a resent seq always carried the same changes
     engine.dispose()

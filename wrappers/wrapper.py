@@ -13,6 +13,10 @@ still starting, say).
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
 delete committed still shows those rows, and must still find their ids remembered.
+Log capture (``capture.log``) reads transactions from the database's log instead of an
+outbox; its reads run in the same snapshots and also under the capture lock, a subquery's
+read checks that its snapshot sees exactly a prefix of the log (``capture.log``), and the
+log is confirmed to the server, under the capture lock, only through acknowledged updates.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
