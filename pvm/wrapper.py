@@ -27,9 +27,12 @@ CAPTURE_HELP = """capture methods (--capture):
                slot and a publication named --slot, default pvm_<database>_<schema>; needs
                wal_level = logical, the REPLICATION attribute, and ownership of the tables,
                which get REPLICA IDENTITY FULL); no triggers, same guarantees as trigger
-               capture. TRUNCATE stops capture with an error, and so does a change of a
-               captured table's columns. The slot retains WAL until the wrapper confirms
-               it: release a source with pvm wrapper uninstall --capture log.
+               capture. MariaDB: the binary log (log_bin, binlog_format = ROW,
+               binlog_row_image = FULL, binlog_row_metadata = FULL; REPLICATION SLAVE and
+               BINLOG MONITOR); nothing is created. TRUNCATE stops capture with an error,
+               and so does a change of a captured table's columns. A PostgreSQL slot
+               retains WAL until the wrapper confirms it: release a source with
+               pvm wrapper uninstall --capture log.
   timestamp    polls a last-modified column (--timestamp-column) into a replica kept in the
                state directory (Carnes TS); needs a primary key; installs nothing. Limits:
                TS cannot see deletes (deleted rows stay in the views) and reports a key
@@ -352,10 +355,12 @@ def _install_log(config, args: argparse.Namespace) -> int:
         tables = _tables(args.tables)
         if args.wrapper_command == "install":
             slot = install_log(config, engine, tables)
-            print(f"log capture installed for {', '.join(tables)} (slot and publication {slot})")
+            where = f"slot and publication {slot}" if slot else "from the binary log; nothing is created"
+            print(f"log capture installed for {', '.join(tables)} ({where})")
         else:
             slot = uninstall_log(config, engine, tables)
-            print(f"log capture removed for {', '.join(tables)} (slot {slot} goes with the last table)")
+            where = f"slot {slot} goes with the last table" if slot else "nothing was created"
+            print(f"log capture removed for {', '.join(tables)} ({where})")
     finally:
         engine.dispose()
     return 0

@@ -3,7 +3,7 @@ capture methods a wrapper can run (``CaptureConfig.method``):
 
 * ``trigger``: triggers fill an outbox in the source; subqueries run in source snapshots.
 * ``log``: reads the database's own change log (PostgreSQL: a logical replication slot,
-  ``pg_log``); subqueries run in source snapshots matched to a prefix of the log (``log``).
+  ``pg_log``; MariaDB: the binary log, ``maria_log``); subqueries run in source snapshots matched to a prefix of the log (``log``).
 * ``timestamp``: polls last-modified timestamps (Carnes TS, TDI with a delete flag) into a
   replica; subqueries run on the replica (``timestamp`` module docstring says why).
 * ``application``: the application posts its own changes, applied to a replica; subqueries
@@ -195,7 +195,13 @@ def log_module(engine: sa.Engine) -> Any:
         from wrappers.capture import pg_log
 
         return pg_log
-    raise WrapperError(f"log capture is not implemented for {engine.dialect.name} sources (supported: postgresql)")
+    if engine.dialect.name in ("mysql", "mariadb"):
+        from wrappers.capture import maria_log
+
+        return maria_log
+    raise WrapperError(
+        f"log capture is not implemented for {engine.dialect.name} sources (supported: postgresql, mariadb)"
+    )
 
 
 def log_slot(config: CaptureConfig, engine: sa.Engine) -> str:
@@ -221,7 +227,7 @@ def uninstall_log(config: CaptureConfig, engine: sa.Engine, tables: Sequence[str
 def _log_capture(config: CaptureConfig, dialect: CaptureDialect, engine: sa.Engine, tables: Sequence[str]) -> Capture:
     slot = install_log(config, engine, tables)
     schema = SourceSchema.reflect(engine, tables)
-    reader = log_module(engine).PgLog(engine, schema, slot)
+    reader = log_module(engine).reader(engine, schema, slot)
     return Capture(dialect, engine, schema, status=reader.status, log=reader)
 
 

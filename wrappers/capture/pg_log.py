@@ -534,3 +534,7 @@ class PgLog:
 
     def status(self) -> dict[str, Any]:
         return dict(self._status)
+
+
+def reader(engine: sa.Engine, schema: SourceSchema, slot: str) -> PgLog:
+    return PgLog(engine, schema, slot)
