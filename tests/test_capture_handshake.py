@@ -168,7 +168,7 @@ def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_p
     for keys, where, answer in answers:
         got = {tuple(row[:-1]): row[-1] for row in answer["rows"]}
         assert got == expected_answer(keys, where, states[answer["watermark"]], ["id", "v"]), answer["watermark"]
-    if url.startswith("postgresql"):
+    if url.startswith("postgresql") and not source[1]:  # trigger capture: log capture's may all merge
         assert any(u.txid for u in updates)  # single-transaction updates name their transaction
 
 

@@ -59,6 +59,7 @@ SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 _OBJECT_IN_USE = "55006"
 _INSUFFICIENT_PRIVILEGE = "42501"
 CREATED_WAIT_SECONDS = 60.0
+IN_USE_WAIT_SECONDS = 5.0
 STATUS_EVERY_SECONDS = 1.0
 
 
@@ -378,6 +379,10 @@ class PgLog:
                     "rows: run pvm wrapper install --capture log (the tables' owner may: ALTER TABLE … REPLICA IDENTITY FULL)"
                 )
             found = _slot(conn, slot)
+            deadline = time.monotonic() + IN_USE_WAIT_SECONDS
+            while found is not None and found["active_pid"] is not None and time.monotonic() < deadline:
+                time.sleep(0.1)  # the backend of a wrapper killed mid-read may still finish its read
+                found = _slot(conn, slot)
             writer_delay_ms = int(
                 conn.exec_driver_sql("SELECT setting FROM pg_settings WHERE name = 'wal_writer_delay'").scalar_one()
             )
