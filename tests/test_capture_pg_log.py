@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from pvm.cli import main as pvm_main
 from tests.capture_support import PG_ADMIN, fetch, pg_log_slot, pg_schema_url, run_sql
 from wrappers.capture import CaptureConfig, install_log, postgresql, uninstall_log
 from wrappers.capture.log import LogRead, SnapshotRace
@@ -276,3 +277,18 @@ def test_a_slot_in_use_and_a_table_without_full_identity_are_refused_at_start(pg
     with pytest.raises(WrapperError, match="does not exist: run pvm wrapper install --capture log"):
         PgLog(engine, schema, "pvm_no_such_slot")
     engine.dispose()
+
+
+def test_the_command_line_installs_and_releases_a_slot(pg_log_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = pg_log_url
+    run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY)")
+    base = ["wrapper", "install", "--capture", "log", "--url", url, "--tables", "r"]
+    assert pvm_main(base) == 0
+    assert f"slot and publication {pg_log_slot(url)}" in capsys.readouterr().out
+    assert slot_row(url) is not None
+    assert pvm_main(["wrapper", "uninstall", *base[2:]]) == 0
+    assert slot_row(url) is None and "goes with the last table" in capsys.readouterr().out
+    assert pvm_main([*base, "--slot", "Bad-Name"]) == 2
+    assert "invalid slot name 'Bad-Name'" in capsys.readouterr().err
+    assert pvm_main(["wrapper", "install", "--url", url, "--tables", "r", "--slot", "pvm_x"]) == 2
+    assert "a replication slot belongs to log capture" in capsys.readouterr().err
