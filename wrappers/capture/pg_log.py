@@ -1,4 +1,4 @@
-"""Log capture of PostgreSQL (10 or newer): a logical replication slot read with ``pgoutput``.
+"""Log capture of PostgreSQL (13 or newer): a logical replication slot read with ``pgoutput``.
 
 ``install`` creates a publication of the captured tables and a logical replication slot of
 the same name (``--slot``, default ``pvm_<database>_<schema>``), and sets the tables'
@@ -28,11 +28,12 @@ updates are acknowledged within a poll or two, so that stretch stays short.
 **The handshake** (``log`` module): a read runs inside a REPEATABLE READ snapshot S and
 learns S's transaction snapshot (``pg_current_snapshot()``) and the WAL insert position L
 read after S was fixed. Every transaction S sees wrote its commit record before S was
-taken, so before L; every transaction committing at or after L is invisible to S. The read
-makes sure the WAL is flushed through L (the SQL interface decodes flushed WAL only; with
-``synchronous_commit = off`` a transaction may be visible before its commit record is
-flushed) and decodes the slot up to L. Whether S sees a decoded transaction follows from
-its xid and S's ``xmin:xmax:xip``.
+taken, so before L; every transaction committing at or after L is invisible to S. The SQL
+interface decodes flushed WAL only: a subquery's read waits until the WAL is flushed
+through L, or for as long as the WAL writer takes to flush asynchronous commits
+(``_wait_for_flush``), and decodes the slot up to L. Whether S sees a decoded transaction
+follows from its xid and S's ``xmin:xmax:xip``. A poll does not wait: it records a position
+beyond its last transaction only where the WAL was flushed through L.
 """
 
 from __future__ import annotations
