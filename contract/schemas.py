@@ -107,7 +107,7 @@ MAX_SUBQUERY_KEYS = 200_000
 MAX_KEY_COLUMNS = 1_000
 MAX_SELECT_COLUMNS = 1_000
 
-CAPTURE_METHODS = ("trigger", "timestamp", "application", "snapshot")
+CAPTURE_METHODS = ("trigger", "log", "timestamp", "application", "snapshot")
 """How a wrapper can capture its source's changes (``wrappers.capture.METHODS``); a source is
 registered with the one its wrapper runs, which the wrapper reports in its health."""
 

@@ -23,6 +23,16 @@ CAPTURE_HELP = """capture methods (--capture):
                (SQLite, PostgreSQL, MariaDB/MySQL InnoDB); sees inserts, updates, deletes and
                key changes of committed transactions only; needs the right to create tables
                and triggers. MariaDB: TRUNCATE is not captured.
+  log          reads the database's own change log instead (PostgreSQL: a logical replication
+               slot and a publication named --slot, default pvm_<database>_<schema>; needs
+               wal_level = logical, the REPLICATION attribute, and ownership of the tables,
+               which get REPLICA IDENTITY FULL); no triggers, same guarantees as trigger
+               capture. MariaDB: the binary log (log_bin, binlog_format = ROW,
+               binlog_row_image = FULL, binlog_row_metadata = FULL; REPLICATION SLAVE and
+               BINLOG MONITOR); nothing is created. TRUNCATE stops capture with an error,
+               and so does a change of a captured table's columns. A PostgreSQL slot
+               retains WAL until the wrapper confirms it: release a source with
+               pvm wrapper uninstall --capture log.
   timestamp    polls a last-modified column (--timestamp-column) into a replica kept in the
                state directory (Carnes TS); needs a primary key; installs nothing. Limits:
                TS cannot see deletes (deleted rows stay in the views) and reports a key
@@ -124,8 +134,11 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capture",
         default="trigger",
-        choices=["trigger", "timestamp", "application", "snapshot"],
+        choices=["trigger", "log", "timestamp", "application", "snapshot"],
         help="how changes are captured (default: trigger; see below)",
+    )
+    parser.add_argument(
+        "--slot", help="log capture: the replication slot and publication (default: pvm_<database>_<schema>)"
     )
     parser.add_argument("--timestamp-column", help="timestamp capture: the last-modified column of every table")
     parser.add_argument("--delete-flag-column", help="timestamp capture (TDI): the column writers set to delete a row")
@@ -279,7 +292,9 @@ def _capture_config(args: argparse.Namespace):
         )
     elif args.url is None:
         raise CliError(f"{args.capture} capture needs --url (or --url-file, or ${SOURCE_URL_ENV})")
-    return CaptureConfig(args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds, snapshot)
+    return CaptureConfig(
+        args.capture, args.timestamp_column, args.delete_flag_column, args.settle_seconds, snapshot, args.slot
+    )
 
 
 def _column_types(table: str, spec: str) -> dict[str, str]:
@@ -303,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
         SOURCE_URL.resolve(args)
 
         config = _capture_config(args)
+        if config.method == "log":
+            return _install_log(config, args)
         if config.method != "trigger":
             tables = _tables(args.tables)
             if args.wrapper_command == "install":
@@ -327,6 +344,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except WrapperError as exc:
         raise CliError(str(exc)) from exc
+
+
+def _install_log(config, args: argparse.Namespace) -> int:
+    """``install`` / ``uninstall`` of log capture."""
+    from wrappers.capture import dialect_for, install_log, uninstall_log
+
+    engine = dialect_for(args.url).open_engine(args.url)
+    try:
+        tables = _tables(args.tables)
+        if args.wrapper_command == "install":
+            slot = install_log(config, engine, tables)
+            where = f"slot and publication {slot}" if slot else "from the binary log; nothing is created"
+            print(f"log capture installed for {', '.join(tables)} ({where})")
+        else:
+            slot = uninstall_log(config, engine, tables)
+            where = f"slot {slot} goes with the last table" if slot else "nothing was created"
+            print(f"log capture removed for {', '.join(tables)} ({where})")
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _application_token(args: argparse.Namespace) -> str | None:

@@ -41,6 +41,39 @@ def pg_schema_url(schema: str, user: str = "postgres") -> str:
     return f"postgresql+psycopg://{user}@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
 
 
+def pg_log_slot(url: str) -> str:
+    """The slot (and publication) log capture names by default for ``url``'s schema."""
+    schema = sa.make_url(url).query["options"].split("=")[-1]  # type: ignore[union-attr]
+    return f"pvm_test_{schema}"
+
+
+def drop_log_capture(url: str) -> None:
+    """Drop the slot and publication of ``url``'s schema, whatever state a test left them in:
+    an abandoned slot would keep the server's WAL for ever."""
+    slot = pg_log_slot(url)
+    admin = admin_engine(PG_ADMIN)
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP PUBLICATION IF EXISTS {slot}")
+            for _ in range(100):
+                pid = conn.execute(
+                    sa.text("SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = :s"),
+                    {"s": slot},
+                ).scalar()
+                if pid is None:
+                    return
+                if pid:
+                    conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                    continue
+                try:
+                    conn.execute(sa.text("SELECT pg_drop_replication_slot(:s)"), {"s": slot})
+                    return
+                except sa.exc.OperationalError:
+                    continue
+    finally:
+        admin.dispose()
+
+
 def run_sql(url: str, *statements: str, params: dict | None = None) -> None:
     """``statements`` as one committed transaction."""
     engine = sa.create_engine(url)

@@ -20,9 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_support import MARIADB_ADMIN, PG_ADMIN, admin_engine, pg_schema_url, unique_name
+from tests.capture_support import (
+    MARIADB_ADMIN,
+    PG_ADMIN,
+    admin_engine,
+    drop_log_capture,
+    pg_schema_url,
+    unique_name,
+)
 
-SERVER_FIXTURES = frozenset({"pg_url", "maria_url", "postgresql_catalog"})
+SERVER_FIXTURES = frozenset({"pg_url", "pg_log_url", "maria_url", "postgresql_catalog"})
 SPARK_TESTS = Path(__file__).parent / "spark"
 
 
@@ -54,6 +61,16 @@ def pg_url() -> Iterator[str]:
     schema = unique_name()
     with created(PG_ADMIN, f"CREATE SCHEMA {schema}", f"DROP SCHEMA {schema} CASCADE"):
         yield pg_schema_url(schema)
+
+
+@pytest.fixture()
+def pg_log_url(pg_url: str) -> Iterator[str]:
+    """``pg_url``, whose log capture slot and publication (``pvm_test_<schema>``) are dropped
+    afterwards: an abandoned slot keeps the server's WAL."""
+    try:
+        yield pg_url
+    finally:
+        drop_log_capture(pg_url)
 
 
 @pytest.fixture()

@@ -67,3 +67,18 @@ def test_bench_capture_writes_its_figures(tmp_path: Path, capsys: pytest.Capture
     for source, lag in fresh["freshness_seconds"].items():
         assert set(lag) == {"p50", "p95", "max"}, source
         assert all(positive(v) for v in lag.values()) and lag["p50"] <= lag["p95"] <= lag["max"], source
+
+
+@pytest.mark.servers
+def test_bench_capture_measures_log_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "capture-log.json"
+    argv = [
+        "bench", "capture", "--method", "log", "--transactions", "12", "--statements", "2", "--connections", "2",
+        "--rows", "40", "--rounds", "1", "--skip-freshness", "--json", str(out),
+    ]  # fmt: skip
+    assert pvm_main(argv) == 0
+    assert "write cost (log capture)" in capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert results["settings"]["method"] == "log" and set(results) == {"settings", "write_cost"}
+    for name, cost in results["write_cost"].items():
+        assert set(cost) == WRITE_COST_KEYS and positive(cost["ratio"]), name

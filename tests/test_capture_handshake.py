@@ -1,5 +1,5 @@
-"""Trigger capture on PostgreSQL and MariaDB through a real wrapper process and a stand-in
-manager: the watermark handshake under concurrent writers (docs/design.md, invariant 3), and a
+"""Trigger capture on PostgreSQL and MariaDB, and log capture on PostgreSQL, through a real
+wrapper process and a stand-in manager: the watermark handshake under concurrent writers (docs/design.md, invariant 3), and a
 durable wrapper across a crash and a manager outage (invariants 1 and 2).
 
 Outbox ids there are not commit order, so these are the tests that would catch a wrapper
@@ -26,6 +26,7 @@ from tests.capture_support import (
     contents,
     expected_answer,
     fetch,
+    pg_log_slot,
     random_transaction,
     replay,
     run_sql,
@@ -39,21 +40,32 @@ TOKEN = "wrapper-secret"
 INITIAL = [(i, i % 6, random.Random(i).choice(["xa", "Xb", "y", None])) for i in range(1, 41)]
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
-def url(request: pytest.FixtureRequest) -> str:
-    url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "maria_url")
+CAPTURE_ARGS = {
+    "postgresql": [],
+    "postgresql-log": ["--capture", "log"],
+    "mariadb": [],
+    "mariadb-log": ["--capture", "log"],
+}
+FIXTURES = {"postgresql": "pg_url", "postgresql-log": "pg_log_url", "mariadb": "maria_url", "mariadb-log": "maria_url"}
+
+
+@pytest.fixture(params=list(CAPTURE_ARGS))
+def source(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
+    """A source URL with table r loaded with INITIAL, and the wrapper's capture arguments."""
+    url = request.getfixturevalue(FIXTURES[request.param])
     run_sql(url, R_DDL)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO r VALUES (:id, :b, :v)"), [{"id": i, "b": b, "v": v} for i, b, v in INITIAL])
     engine.dispose()
-    return url
+    return url, CAPTURE_ARGS[request.param]
 
 
-def start(url: str, manager: FakeManager, tmp_path: Path, **options: object) -> WrapperProcess:
+def start(source: tuple[str, list[str]], manager: FakeManager, tmp_path: Path, **options: object) -> WrapperProcess:
+    url, capture_args = source
     return start_wrapper(
         SOURCE, url, ["r"], manager.url, token=TOKEN, state_dir=tmp_path / "state",
-        log_path=tmp_path / "wrapper.log", **options,  # type: ignore[arg-type]
+        log_path=tmp_path / "wrapper.log", capture_args=capture_args, **options,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -61,6 +73,21 @@ def subquery(keys: list[list], where: object | None, select: list[str]) -> dict:
     on = Cmp("=", Col("$key", "k0"), Col("r", "b"))
     return {"relation": "r", "alias": "r", "keys": keys, "on": to_wire(on),
             "where": to_wire(where) if where is not None else None, "select": select}  # fmt: skip
+
+
+def released(source: tuple[str, list[str]], mark: str) -> bool:
+    """Whether the source keeps nothing acknowledged: an empty outbox, or a slot confirmed
+    through ``mark``, a WAL position after every change committed so far."""
+    url, capture_args = source
+    if "log" not in capture_args:
+        return fetch(url, "SELECT count(*) FROM _pvm_outbox")[0][0] == 0
+    if not url.startswith("postgresql"):
+        return True  # the binary log is MariaDB's to keep or purge: nothing to release
+    [(confirmed,)] = fetch(
+        url,
+        f"SELECT confirmed_flush_lsn >= '{mark}' FROM pg_replication_slots WHERE slot_name = '{pg_log_slot(url)}'",
+    )
+    return bool(confirmed)
 
 
 def flush(wrapper_url: str) -> int:
@@ -88,7 +115,7 @@ def writers(url: str, n: int, stop: threading.Event, committed: list[bool], base
     return [threading.Thread(target=write, args=(i,)) for i in range(n)]
 
 
-def test_handshake_under_concurrent_writers(url: str, tmp_path: Path) -> None:
+def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_path: Path) -> None:
     """Every answer equals the Python join over the initial rows plus exactly updates
     1..watermark, while three connections commit and roll back multi-row transactions."""
     stop = threading.Event()
@@ -106,12 +133,19 @@ def test_handshake_under_concurrent_writers(url: str, tmp_path: Path) -> None:
                 answers.append((keys, where, response.json()))
 
     with FakeManager(token=TOKEN) as manager:
-        with start(url, manager, tmp_path, poll_interval=0.02, query_delay_ms=5, max_concurrent_queries=2) as wrapper:
+        url = source[0]
+        with start(
+            source, manager, tmp_path, poll_interval=0.02, query_delay_ms=5, max_concurrent_queries=2
+        ) as wrapper:
             threads = writers(url, 3, stop, committed, base=1)
             threads += [threading.Thread(target=query, args=(s, wrapper.url)) for s in range(3)]
             for t in threads:
                 t.start()
-            time.sleep(3.0)
+            started = time.monotonic()  # 3 s, longer on a loaded machine until there is enough to check
+            while time.monotonic() - started < 3.0 or (
+                (len(answers) <= 30 or sum(committed) <= 50) and time.monotonic() - started < 60
+            ):
+                time.sleep(0.1)
             stop.set()
             for t in threads:
                 t.join()
@@ -134,13 +168,15 @@ def test_handshake_under_concurrent_writers(url: str, tmp_path: Path) -> None:
     for keys, where, answer in answers:
         got = {tuple(row[:-1]): row[-1] for row in answer["rows"]}
         assert got == expected_answer(keys, where, states[answer["watermark"]], ["id", "v"]), answer["watermark"]
-    if url.startswith("postgresql"):
+    if url.startswith("postgresql") and not source[1]:  # trigger capture: log capture's may all merge
         assert any(u.txid for u in updates)  # single-transaction updates name their transaction
 
 
-def test_crash_and_manager_outage_lose_nothing(url: str, tmp_path: Path) -> None:
+def test_crash_and_manager_outage_lose_nothing(source: tuple[str, list[str]], tmp_path: Path) -> None:
     """Changes committed while the manager is down and the wrapper is killed are shipped
-    once, in order, after both come back; the outbox empties once they are acknowledged."""
+    once, in order, after both come back; the outbox empties (log capture: the slot is
+    confirmed) once they are acknowledged."""
+    url = source[0]
     engine = sa.create_engine(url)
     rng = random.Random(3)
     fresh = itertools.count(500_000)
@@ -152,7 +188,7 @@ def test_crash_and_manager_outage_lose_nothing(url: str, tmp_path: Path) -> None
                 done += random_transaction(conn, rng, fresh, range(1, 60))
 
     with FakeManager(token=TOKEN) as manager:
-        wrapper = start(url, manager, tmp_path)
+        wrapper = start(source, manager, tmp_path)
         try:
             commit(10)
             assert flush(wrapper.url) > 0
@@ -166,12 +202,19 @@ def test_crash_and_manager_outage_lose_nothing(url: str, tmp_path: Path) -> None
             wrapper.kill()
         commit(10)  # while no wrapper runs
         manager.down = False
-        with start(url, manager, tmp_path) as wrapper:
+        with start(source, manager, tmp_path) as wrapper:
             last = flush(wrapper.url)
+            pg_log = "log" in source[1] and url.startswith("postgresql")
+            mark = str(fetch(url, "SELECT pg_current_wal_insert_lsn()")[0][0]) if pg_log else ""
             deadline = time.monotonic() + 20
-            while fetch(url, "SELECT count(*) FROM _pvm_outbox")[0][0] > 0:
-                assert time.monotonic() < deadline, "acknowledged rows stay in the outbox"
+            while not released(source, mark):
+                assert time.monotonic() < deadline, "acknowledged changes stay in the source"
                 time.sleep(0.05)
+            capture = httpx.get(f"{wrapper.url}/v1/health").json()["capture"]
+            if pg_log:
+                assert capture["slot"] == pg_log_slot(url) and capture["retained_wal_bytes"] >= 0, capture
+            elif "log" in source[1]:
+                assert capture["unread_binlog_bytes"] >= 0 and capture["position"].startswith("mysql-bin."), capture
         updates = manager.updates(SOURCE)
         assert not manager.conflicts  # a resent seq always carried the same changes
     engine.dispose()

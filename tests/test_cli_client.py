@@ -232,9 +232,9 @@ def test_source_add_checks_the_wrapper(tmp_path, capsys):
 
         # a capture method no wrapper has: a usage error, nothing sent
         with pytest.raises(SystemExit) as exit_info:
-            pvm(capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "log", *admin)
+            pvm(capsys, "source", "add", "c", "--url", wrapper.url, "--capture", "binlog", *admin)
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and "invalid choice: 'log'" in err and "timestamp" in err
+        assert exit_info.value.code == 2 and "invalid choice: 'binlog'" in err and "timestamp" in err
         # the database's URL where the wrapper's address belongs
         code, _, err = pvm(capsys, "source", "add", "c", "--url", "sqlite:///shop.db", *admin)
         assert code == 2 and "wrapper's HTTP address" in err and "pvm wrapper run --url" in err
@@ -271,4 +271,4 @@ def test_source_add_help_names_the_wrapper_address(capsys):
         main(["source", "add", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--url URL, --wrapper-url URL" in out and "the wrapper's HTTP address" in out
-    assert "{trigger,timestamp,application,snapshot}" in out
+    assert "{trigger,log,timestamp,application,snapshot}" in out

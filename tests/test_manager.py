@@ -387,9 +387,9 @@ async def test_source_registration_checks_the_capture_method(tmp_path):
     manager.connect = lambda name, url: ReportingSource(name, {"T": ("k", "v")}, random.Random(0), method="timestamp")
     try:
         with pytest.raises(
-            Refused, match="unknown capture method 'log'.*trigger, timestamp, application, snapshot"
+            Refused, match="unknown capture method 'binlog'.*trigger, log, timestamp, application, snapshot"
         ) as info:
-            await manager.add_source("c", "http://c.invalid", capture="log")
+            await manager.add_source("c", "http://c.invalid", capture="binlog")
         assert status_of(info.value) == 422
         with pytest.raises(Refused, match="capture 'trigger' was given.*reports capture method 'timestamp'") as info:
             await manager.add_source("c", "http://c.invalid", capture="trigger")

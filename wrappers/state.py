@@ -7,7 +7,9 @@ It holds what must survive a restart for invariants 1 and 2 (docs/design.md):
   the same seq after a restart;
 * ``captured_through``: the highest outbox id turned into an update (or filtered away), so
   nothing is captured twice; each pending update remembers the outbox ids it covers,
-  ``(outbox_after, outbox_through]``, which stay in the source until it is acknowledged;
+  ``(outbox_after, outbox_through]``, which stay in the source until it is acknowledged.
+  Log capture keeps log positions there instead: the log is handled through
+  ``captured_through``, and the server releases it only up to an acknowledged position;
 * ``captured``: where outbox ids are not in commit order (PostgreSQL, MariaDB), the id of
   every captured outbox row still in the source, with the seq of its update (0: filtered
   away); a row is forgotten only once it is deleted from the outbox;
@@ -112,6 +114,31 @@ class WrapperState:
             self.captured_through = outbox_through
             self._captured.update(outbox_ids)
         return seq
+
+    def record_log(self, updates: Sequence[tuple[list[Change], int, str | None]], through: int) -> list[int]:
+        """Log capture: make each ``(changes, position, txid)`` with changes the next update
+        (``position``: where the log is handled through once it is captured), and mark the
+        log handled through ``through``; all in one transaction, so that a source
+        transaction cut into several updates is recorded whole or not at all. Returns
+        the seqs assigned."""
+        seqs: list[int] = []
+        with self._mutex, self._transaction():
+            last_seq, captured = self.last_seq, self.captured_through
+            for changes, position, txid in updates:
+                if changes:
+                    last_seq += 1
+                    update = Update(seq=last_seq, changes=changes, txid=txid, captured_at=time.time())
+                    self._db.execute(
+                        "INSERT INTO pending VALUES (?, ?, ?, ?)",
+                        (last_seq, update.model_dump_json(), captured, position),
+                    )
+                    seqs.append(last_seq)
+                captured = max(captured, position)
+            captured = max(captured, through)
+            self._set("last_seq", last_seq)
+            self._set("captured_through", captured)
+            self.last_seq, self.captured_through = last_seq, captured
+        return seqs
 
     def forget(self, outbox_ids: Sequence[int]) -> None:
         """The outbox rows ``outbox_ids`` are deleted from the source: stop remembering them."""

@@ -13,6 +13,10 @@ still starting, say).
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
 delete committed still shows those rows, and must still find their ids remembered.
+Log capture (``capture.log``) reads transactions from the database's log instead of an
+outbox; its reads run in the same snapshots and also under the capture lock, a subquery's
+read checks that its snapshot sees exactly a prefix of the log (``capture.log``), and the
+log is confirmed to the server, under the capture lock, only through acknowledged updates.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
@@ -50,6 +54,7 @@ from wrappers import query
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import reason
+from wrappers.capture.log import LogTransaction, SnapshotRace
 from wrappers.errors import InvalidRequest, WrapperError, masked_url
 from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
@@ -66,6 +71,12 @@ BLOCKED_AFTER_ATTEMPTS = 3
 
 # An outbox row yields at most two changes (an UPDATE), so this many rows fit one Update.
 _ROWS_PER_UPDATE = MAX_CHANGES_PER_UPDATE // 2
+
+SNAPSHOT_RACE_SECONDS = 10.0
+"""Log capture: how long a subquery takes new snapshots while each races a commit (then 503)."""
+
+POSITION_EVERY_SECONDS = 1.0
+"""Log capture: how often a read that captured nothing records how far the log is handled."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +116,10 @@ class Wrapper:
             self.capture = capture
             self._dialect, self.engine, self.schema = capture.dialect, capture.engine, capture.schema
             self._ordered = self._dialect.OUTBOX_IDS_IN_COMMIT_ORDER
-            high_water = self._dialect.outbox_high_water(self.engine)
-            if high_water < self.state.captured_through:
+            self._log = capture.log
+            if self._log is not None:
+                self._log.check_position(self.state.captured_through)
+            elif self._dialect.outbox_high_water(self.engine) < self.state.captured_through:
                 raise WrapperError(
                     f"the outbox of {masked_url(str(config.url))} was re-created (ids restart below {self.state.captured_through}); "
                     f"the state in {self.state.path} belongs to its previous life"
@@ -123,6 +136,7 @@ class Wrapper:
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
         self._shipped_through = self.state.acked_through
         self._deleted_through = 0
+        self._position_recorded_at = 0.0  # log capture: when a read last recorded a bare log position
         self._client: httpx.AsyncClient | None = None
         self._shipper: Shipper | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -164,10 +178,13 @@ class Wrapper:
         async with self._lock:
             await self._capture_locked()
             await self._ship_pending()
-            if not self._ordered:
+            if self._log is not None:
+                async with self._capture_lock:  # one reader of the slot at a time
+                    await asyncio.to_thread(self._confirm_acknowledged)
+            elif not self._ordered:
                 async with self._capture_lock:
                     await asyncio.to_thread(self._delete_acknowledged_ids)
-        if self._ordered:
+        if self._ordered and self._log is None:
             await asyncio.to_thread(self._delete_acknowledged)
 
     async def pull_once(self) -> None:
@@ -224,6 +241,9 @@ class Wrapper:
     def _capture(self, conn: sa.Connection) -> None:
         """Turn the uncaptured outbox rows visible to ``conn`` into the next update (caller
         holds the capture lock). One read sees whole transactions only, merged into one update."""
+        if self._log is not None:
+            self._capture_log(conn, exact=False)
+            return
         rows = self._dialect.read_outbox(conn, self.state.captured_through if self._ordered else 0)
         if not self._ordered:
             rows = [r for r in rows if not self.state.is_captured(r.id)]
@@ -234,6 +254,41 @@ class Wrapper:
             seq = self.state.record(self._filter.changes(chunk, self._fit), max(r.id for r in chunk), ids, txid)
             if seq is not None:
                 log.debug("captured update %d of %s (%d outbox rows)", seq, self.config.source, len(chunk))
+
+    def _capture_exact(self, conn: sa.Connection) -> None:
+        """A subquery's capture: every change ``conn``'s snapshot sees gets a seq, and no other
+        (log capture raises SnapshotRace when no prefix of the log matches the snapshot)."""
+        if self._log is not None:
+            self._capture_log(conn, exact=True)
+        else:
+            self._capture(conn)
+
+    def _capture_log(self, conn: sa.Connection, *, exact: bool) -> None:
+        """Log capture: turn the transactions read from the log into updates (consecutive
+        ones merged, one larger than an update cut), recorded with the log position."""
+        assert self._log is not None
+        read = self._log.read(conn, self.state.captured_through, exact=exact)
+        entries = [
+            (self._filter.changes(rows, self._fit), end, txid)
+            for rows, end, txid in _log_updates(read.transactions, self.config.source)
+        ]
+        now = time.monotonic()
+        if not entries and (
+            read.through <= self.state.captured_through or now - self._position_recorded_at < POSITION_EVERY_SECONDS
+        ):
+            return  # a bare position is recorded once a second: the log may move without captured changes
+        self._position_recorded_at = now
+        seqs = self.state.record_log(entries, read.through)
+        if seqs:
+            log.debug("captured updates %d-%d of %s from the log", seqs[0], seqs[-1], self.config.source)
+
+    def _confirm_acknowledged(self) -> None:
+        """Log capture, invariant 1: the server may release the log only up to acknowledged updates."""
+        assert self._log is not None
+        through = self.state.deletable_through()
+        if through > self._deleted_through:
+            self._log.confirm(through)
+            self._deleted_through = through
 
     async def _ship_pending(self) -> None:
         """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
@@ -269,9 +324,7 @@ class Wrapper:
             subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
         )
         async with self._lock:
-            async with self._capture_lock:
-                snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture)
-                watermark = self.state.last_seq
+            snapshot, watermark = await self._exact_snapshot()
             try:
                 await self._ship_pending()  # through at least the watermark
             except BaseException:
@@ -288,6 +341,25 @@ class Wrapper:
         return SubqueryAnswer.model_construct(
             watermark=watermark, rows=rows, elapsed_ms=elapsed_ms
         )  # rows: wire values
+
+    async def _exact_snapshot(self) -> tuple[Snapshot, int]:
+        """A snapshot whose visible changes are exactly the updates through the watermark.
+        Log capture takes another snapshot while one races a committing transaction."""
+        deadline = time.monotonic() + SNAPSHOT_RACE_SECONDS
+        wait = 0.001
+        while True:
+            async with self._capture_lock:
+                try:
+                    snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture_exact)
+                    return snapshot, self.state.last_seq
+                except SnapshotRace as exc:
+                    if time.monotonic() > deadline:
+                        raise WrapperError(
+                            f"no snapshot of the source matched its log for {SNAPSHOT_RACE_SECONDS:.0f} s ({exc}); "
+                            "a transaction stays committed but invisible (waiting for a synchronous standby?)"
+                        ) from exc
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 0.1)
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:
@@ -389,3 +461,37 @@ def _run(rows: list[OutboxRow], start: int) -> int:
     while start + n < len(rows) and rows[start + n].txid == txid:
         n += 1
     return n
+
+
+def _log_updates(transactions: list[LogTransaction], source: str) -> Iterator[tuple[list[OutboxRow], int, str | None]]:
+    """Consecutive transactions merged into updates of at most ``_ROWS_PER_UPDATE`` rows, as
+    ``(rows, log position after them, txid if exactly one transaction)``. A transaction
+    larger than that is cut (logged); its parts are recorded together (``record_log``)."""
+    rows: list[OutboxRow] = []
+    xids: list[str] = []
+    end = 0
+    for transaction in transactions:
+        if rows and len(rows) + len(transaction.rows) > _ROWS_PER_UPDATE:
+            yield rows, end, xids[0] if len(xids) == 1 else None
+            rows, xids = [], []
+        if len(transaction.rows) > _ROWS_PER_UPDATE:
+            log.warning(
+                "%s: transaction %s has %d rows, more than one update holds; shipping it as several",
+                source,
+                transaction.xid,
+                len(transaction.rows),
+            )
+            for start in range(0, len(transaction.rows), _ROWS_PER_UPDATE):
+                last = start + _ROWS_PER_UPDATE >= len(transaction.rows)
+                # Only the last part moves the position: the log is released once all parts are acknowledged.
+                yield (
+                    list(transaction.rows[start : start + _ROWS_PER_UPDATE]),
+                    transaction.end if last else 0,
+                    transaction.xid,
+                )
+            continue
+        rows.extend(transaction.rows)
+        xids.append(transaction.xid)
+        end = transaction.end
+    if rows:
+        yield rows, end, xids[0] if len(xids) == 1 else None

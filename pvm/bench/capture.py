@@ -1,4 +1,4 @@
-"""``pvm bench capture``: what trigger capture costs a source, and how fresh a view stays.
+"""``pvm bench capture``: what capture costs a source, and how fresh a view stays.
 
 1. **Write cost** (PostgreSQL and MariaDB). The same workload, same seed, runs against the
    same starting table with capture installed and without, alternating, ``--rounds`` times
@@ -6,7 +6,9 @@
    each of ``--statements`` statements (half updates, a quarter inserts, a quarter deletes)
    on a table of ``--rows`` rows. The ratio of the median times is what capture costs the
    writers: the triggers' work happens inside their transactions. No wrapper drains the
-   outbox meanwhile, so the source pays for capture alone.
+   outbox meanwhile, so the source pays for capture alone. ``--method log`` installs log
+   capture instead (PostgreSQL: REPLICA IDENTITY FULL and a slot, which make the writers
+   log whole old rows; MariaDB: nothing, its binary log is on either way).
 2. **Freshness** (PostgreSQL + MariaDB + SQLite, one wrapper process each, the manager in
    this process). Writers commit ``--view-transactions`` random transactions, two
    connections per source, while a marker transaction every ``--marker-interval`` seconds
@@ -69,6 +71,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--marker-interval", type=float, default=0.05, help="freshness: seconds between markers (default: 0.05)"
     )
+    parser.add_argument(
+        "--method", choices=["trigger", "log"], default="trigger",
+        help="write cost: the capture method installed for the runs with capture (default: trigger)",
+    )  # fmt: skip
     parser.add_argument("--skip-write-cost", action="store_true", help="measure freshness only")
     parser.add_argument("--skip-freshness", action="store_true", help="measure the write cost only")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -119,9 +125,10 @@ def scratch_sources(pg_admin: str, my_admin: str) -> Iterator[tuple[str, str]]:
 
 # -- 1. write cost -------------------------------------------------------------------------------
 def write_cost(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from wrappers.capture import dialect_for
+    from wrappers.capture import CaptureConfig, dialect_for, install_log, uninstall_log
 
     dialect = dialect_for(url)
+    method = getattr(args, "method", "trigger")
     seconds: dict[str, list[float]] = {"without": [], "with": []}
     for _ in range(args.rounds):
         for mode in ("without", "with"):
@@ -129,10 +136,18 @@ def write_cost(url: str, args: argparse.Namespace) -> dict[str, Any]:
             engine = dialect.open_engine(url)
             try:
                 if mode == "with":
-                    dialect.install(engine, ["w"])
-                seconds[mode].append(workload(engine, args))
-                if mode == "with":
-                    dialect.uninstall(engine, ["w"])
+                    if method == "log":
+                        install_log(CaptureConfig("log"), engine, ["w"])
+                    else:
+                        dialect.install(engine, ["w"])
+                try:
+                    seconds[mode].append(workload(engine, args))
+                finally:
+                    if mode == "with":  # a slot left behind would keep the server's WAL
+                        if method == "log":
+                            uninstall_log(CaptureConfig("log"), engine, ["w"])
+                        else:
+                            dialect.uninstall(engine, ["w"])
             finally:
                 engine.dispose()
     without, with_ = statistics.median(seconds["without"]), statistics.median(seconds["with"])
@@ -329,7 +344,8 @@ def _quantile(values: list[float], q: float) -> float:
 def print_results(results: dict[str, Any]) -> None:
     for name, cost in results.get("write_cost", {}).items():
         print(
-            f"{name:10s} write cost: {cost['transactions_per_second_without']:.0f} tx/s without capture, "
+            f"{name:10s} write cost ({results['settings'].get('method', 'trigger')} capture): "
+            f"{cost['transactions_per_second_without']:.0f} tx/s without capture, "
             f"{cost['transactions_per_second_with']:.0f} tx/s with, time ratio {cost['ratio']:.2f} (goal <= 1.6)"
         )
     fresh = results.get("freshness")

@@ -103,10 +103,26 @@ def run(args: argparse.Namespace) -> int:
                 ("last seq received", source["last_seq"]),
                 ("held above a gap", _held(source)),
                 ("wrapper health", wrapper),
+                *(("change log", log) for log in [_change_log(health.get("capture"))] if log),
                 *((f"table {t}", ", ".join(cols)) for t, cols in sorted(source["relations"].items())),
             ],
         )
         return 0
+
+
+def _change_log(capture: object) -> str | None:
+    """Log capture: what the source keeps of its log for the wrapper, and how far behind it is.
+
+    >>> _change_log({"method": "log", "slot": "pvm_shop", "retained_wal_bytes": 3 << 20, "unread_wal_bytes": 512})
+    'slot pvm_shop retains 3.0 MiB of WAL; 512 bytes not read yet'
+    >>> _change_log({"method": "trigger"}) is None
+    True
+    """
+    if not isinstance(capture, dict) or "retained_wal_bytes" not in capture:
+        return None
+    retained = capture["retained_wal_bytes"] or 0
+    shown = f"{retained / (1 << 20):.1f} MiB" if retained >= 1 << 20 else f"{retained} bytes"
+    return f"slot {capture.get('slot')} retains {shown} of WAL; {capture.get('unread_wal_bytes', 0)} bytes not read yet"
 
 
 def _held(source: dict) -> str:

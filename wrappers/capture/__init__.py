@@ -2,6 +2,8 @@
 capture methods a wrapper can run (``CaptureConfig.method``):
 
 * ``trigger``: triggers fill an outbox in the source; subqueries run in source snapshots.
+* ``log``: reads the database's own change log (PostgreSQL: a logical replication slot,
+  ``pg_log``; MariaDB: the binary log, ``maria_log``); subqueries run in source snapshots matched to a prefix of the log (``log``).
 * ``timestamp``: polls last-modified timestamps (Carnes TS, TDI with a delete flag) into a
   replica; subqueries run on the replica (``timestamp`` module docstring says why).
 * ``application``: the application posts its own changes, applied to a replica; subqueries
@@ -30,6 +32,7 @@ from wrappers.errors import WrapperError, masked_url
 from wrappers.schema import SourceSchema, TableSchema
 
 if TYPE_CHECKING:
+    from wrappers.capture.log import LogReader
     from wrappers.replica import Replica
 
 METHODS = CAPTURE_METHODS  # the wire schema names them, so that the manager knows them too
@@ -67,6 +70,7 @@ class CaptureConfig:
     delete_flag_column: str | None = None
     settle_seconds: float = 5.0
     snapshot: SnapshotOptions | None = None
+    slot: str | None = None  # log capture: the replication slot (and publication); None: the default
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -79,6 +83,8 @@ class CaptureConfig:
             raise WrapperError("settle_seconds must not be negative")
         if self.method == "snapshot" and self.snapshot is None:
             object.__setattr__(self, "snapshot", SnapshotOptions())
+        if self.slot is not None and self.method != "log":
+            raise WrapperError("a replication slot belongs to log capture")
         if self.snapshot is not None and self.method != "snapshot":
             raise WrapperError(
                 "snapshot options (a dump directory, keys, an interval, an algorithm) belong to snapshot capture"
@@ -107,6 +113,7 @@ class Capture:
     pull: Callable[[], bool] | None = None  # True if it applied changes to the replica (they need capturing)
     source_engine: sa.Engine | None = None
     status: Callable[[], dict[str, Any]] | None = None
+    log: LogReader | None = None  # log capture: where changes come from instead of an outbox
 
     def close(self) -> None:
         self.engine.dispose()
@@ -143,6 +150,8 @@ def open_capture(config: CaptureConfig, url: str | None, tables: Sequence[str], 
         if config.method == "trigger":
             dialect.install(engine, tables)
             return Capture(dialect, engine, SourceSchema.reflect(engine, tables))
+        if config.method == "log":
+            return _log_capture(config, dialect, engine, tables)
         if config.method == "snapshot":
             return _snapshot_capture(config, dialect, engine, tables, replica_path)
         return _replica_capture(config, dialect, engine, tables, replica_path)
@@ -178,6 +187,48 @@ def _replica_capture(
     if pull is None:
         engine.dispose()  # application capture reads the source once, for the initial copy
     return Capture(sqlite, replica.engine, schema, replica, pull, engine if pull is not None else None)
+
+
+def log_module(engine: sa.Engine) -> Any:
+    """The log capture module of ``engine``'s database; WrapperError where there is none."""
+    if engine.dialect.name == "postgresql":
+        from wrappers.capture import pg_log
+
+        return pg_log
+    if engine.dialect.name in ("mysql", "mariadb"):
+        from wrappers.capture import maria_log
+
+        return maria_log
+    raise WrapperError(
+        f"log capture is not implemented for {engine.dialect.name} sources (supported: postgresql, mariadb)"
+    )
+
+
+def log_slot(config: CaptureConfig, engine: sa.Engine) -> str:
+    """The slot (and publication) log capture uses: ``--slot``, or one named after the schema."""
+    module = log_module(engine)
+    return str(module.check_slot_name(config.slot) if config.slot else module.default_slot(engine))
+
+
+def install_log(config: CaptureConfig, engine: sa.Engine, tables: Sequence[str]) -> str:
+    """``pvm wrapper install --capture log``; the slot's name."""
+    slot = log_slot(config, engine)
+    log_module(engine).install(engine, tables, slot)
+    return slot
+
+
+def uninstall_log(config: CaptureConfig, engine: sa.Engine, tables: Sequence[str]) -> str:
+    """``pvm wrapper uninstall --capture log``: the slot goes once no table is captured."""
+    slot = log_slot(config, engine)
+    log_module(engine).uninstall(engine, tables, slot)
+    return slot
+
+
+def _log_capture(config: CaptureConfig, dialect: CaptureDialect, engine: sa.Engine, tables: Sequence[str]) -> Capture:
+    slot = install_log(config, engine, tables)
+    schema = SourceSchema.reflect(engine, tables)
+    reader = log_module(engine).reader(engine, schema, slot)
+    return Capture(dialect, engine, schema, status=reader.status, log=reader)
 
 
 def _need_url(url: str | None) -> str:

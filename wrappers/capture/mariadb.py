@@ -117,23 +117,29 @@ def _raise_install_error(engine: sa.Engine, exc: sa.exc.DBAPIError) -> None:
     raise WrapperError(f"cannot install capture in {shown(engine.url)}: {reason(exc)}{hint}") from exc
 
 
+def check_innodb(conn: sa.Connection, tables: Sequence[str], method: str) -> None:
+    """WrapperError naming the tables that are not InnoDB: only transactional tables have
+    changes that commit, or roll back, with their transaction."""
+    engines: dict[str, str] = dict(
+        conn.execute(
+            sa.text(
+                "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :tables"
+            ).bindparams(sa.bindparam("tables", expanding=True)),
+            {"tables": list(tables)},
+        ).all()
+    )
+    not_innodb = [f"{t} ({e})" for t, e in engines.items() if str(e).upper() != "INNODB"]
+    if not_innodb:
+        raise WrapperError(f"{method} capture needs transactional (InnoDB) tables: {', '.join(not_innodb)}")
+
+
 def install(engine: sa.Engine, tables: Sequence[str]) -> None:
     """Create the outbox and (re)place the capture triggers of ``tables``; idempotent."""
     checked = check_tables(engine, tables)
     try:
         with engine.connect() as conn:
-            engines: dict[str, str] = dict(
-                conn.execute(
-                    sa.text(
-                        "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
-                        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :tables"
-                    ).bindparams(sa.bindparam("tables", expanding=True)),
-                    {"tables": [t.name for t in checked]},
-                ).all()
-            )
-            not_innodb = [f"{t} ({e})" for t, e in engines.items() if str(e).upper() != "INNODB"]
-            if not_innodb:
-                raise WrapperError(f"trigger capture needs transactional (InnoDB) tables: {', '.join(not_innodb)}")
+            check_innodb(conn, [t.name for t in checked], "trigger")
             conn.exec_driver_sql(
                 f"CREATE TABLE IF NOT EXISTS {OUTBOX} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, "
                 "relation VARCHAR(64) NOT NULL, op CHAR(1) NOT NULL, "

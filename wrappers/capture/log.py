@@ -1,0 +1,111 @@
+"""Log capture: changes read from the database's own change log (``--capture log``).
+
+A *log reader* (``pg_log`` for PostgreSQL) decodes the committed transactions of the
+captured tables from the log, in commit order, each with the *position* just after its
+commit (an integer that grows along the log). The wrapper turns them into updates and
+records, durably and with the same SQLite transaction, the position it has handled the
+log through (``WrapperState.captured_through``); a restart resumes after it, so nothing is
+lost or captured twice. The reader confirms a position to the server (which may then
+release the log before it) only once every update up to it is acknowledged.
+
+Reads happen inside a read transaction of the source (a *snapshot*), for the watermark
+handshake (docs/design.md, invariant 3): a read captures the longest prefix of the log
+whose transactions are all visible in that snapshot, and stops before the first one that
+is not. A subquery's read must capture *exactly* the transactions its snapshot sees; when
+the snapshot sees a transaction that commits after one it does not see (visibility order
+is not always log order), the read raises ``SnapshotRace`` and the subquery takes another
+snapshot (``docs/capture.md`` has the argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from wrappers.capture.base import OutboxRow
+from wrappers.errors import WrapperError
+
+
+class SnapshotRace(WrapperError):
+    """The snapshot sees a transaction that committed after one it does not see yet: no
+    prefix of the log matches it. Taking a new snapshot a moment later resolves it."""
+
+
+@dataclass(frozen=True)
+class LogTransaction:
+    """One committed source transaction read from the log (its rows of captured tables)."""
+
+    xid: str
+    end: int  # the log position just after its commit: resuming there skips it
+    rows: tuple[OutboxRow, ...]
+    committed_at: float
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """What one read found: ``transactions`` to capture, in log order, and the position the
+    log is handled through (at least the last transaction's end; beyond it where the log
+    holds nothing more for the captured tables that the snapshot sees)."""
+
+    transactions: list[LogTransaction]
+    through: int
+
+
+class LogReader(Protocol):
+    def read(self, conn: sa.Connection, after: int, *, exact: bool) -> LogRead:
+        """The transactions after position ``after`` visible in ``conn``'s snapshot that form
+        a prefix of the log; with ``exact``, SnapshotRace unless they are *all* the
+        transactions the snapshot sees beyond ``after``."""
+        ...
+
+    def confirm(self, position: int) -> None:
+        """Every update up to ``position`` is acknowledged: the server may release the log before it."""
+        ...
+
+    def check_position(self, captured_through: int) -> None:
+        """WrapperError if the log cannot resume at ``captured_through`` (the slot or the
+        log was re-created since the state was written)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """What health shows: the log retained for the wrapper, the capture lag."""
+        ...
+
+
+def visible_prefix(
+    transactions: Iterable[LogTransaction], visible: Callable[[str], bool], *, exact: bool
+) -> tuple[list[LogTransaction], bool]:
+    """The transactions (in log order) before the first one ``visible`` says the snapshot
+    does not see, and whether there was none such; with ``exact``, SnapshotRace if a
+    transaction after that first hidden one is visible.
+
+    >>> t = [LogTransaction(x, i, (), 0.0) for i, x in enumerate("abcd")]
+    >>> prefix, complete = visible_prefix(t, lambda x: x != "c", exact=False)
+    >>> [x.xid for x in prefix], complete
+    (['a', 'b'], False)
+    >>> prefix, complete = visible_prefix(t, lambda x: True, exact=True)
+    >>> [x.xid for x in prefix], complete
+    (['a', 'b', 'c', 'd'], True)
+    >>> visible_prefix(t, lambda x: x != "c", exact=True)
+    Traceback (most recent call last):
+    ...
+    wrappers.capture.log.SnapshotRace: the snapshot sees transaction d but not c, which committed before it
+    """
+    prefix: list[LogTransaction] = []
+    hidden: LogTransaction | None = None
+    for transaction in transactions:
+        if hidden is None:
+            if visible(transaction.xid):
+                prefix.append(transaction)
+                continue
+            hidden = transaction
+            if not exact:
+                break
+        elif visible(transaction.xid):
+            raise SnapshotRace(
+                f"the snapshot sees transaction {transaction.xid} but not {hidden.xid}, which committed before it"
+            )
+    return prefix, hidden is None
