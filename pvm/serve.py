@@ -370,7 +370,9 @@ def run(args: argparse.Namespace) -> int:
                 server.should_exit = True
 
         server = uvicorn_server(create_app(manager, startup=startup, verifier=verifier))
-        code = asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+        code = asyncio.run(
+            serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}", own_signals=True)
+        )
         if failures:
             raise failures[0]
         return code
