@@ -204,8 +204,14 @@ def open_store(
         # e.g. a port that accepts connections but is no Spark master: Spark gives up after
         # three registrations of 20 s and reports only "a stopped SparkContext"
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # a cluster that authenticates drops an application without its secret, which
+        # Spark reports as "All masters are unresponsive"
+        hint = (
+            "" if auth_secret else "; if the cluster authenticates (spark.authenticate), give --spark-auth-secret-file"
+        )
         raise CliError(
             f"--spark-master {master}: Spark did not start on this master ({first_line}); see {data_dir / 'spark.log'}"
+            + hint
         ) from exc
     if master is not None and master.startswith("spark://"):
         check_cluster(spark, master, spark_dir, executor_timeout_s, data_dir)
@@ -226,9 +232,8 @@ def check_cluster(spark, master: str, store_dir: Path, timeout_s: float, data_di
         shown = ", ".join(f"{k}={v}" for k, v in asked.items() if v)
         raise CliError(
             f"--spark-master {master}: no executor registered in {timeout_s:g} s: no worker has joined the master, "
-            f"or none has the free cores and memory this application asks for ({shown or 'Spark defaults'}), or the "
-            f"cluster refused it (spark.authenticate: see --spark-auth-secret-file); see the master's web UI and "
-            f"{data_dir / 'spark.log'}"
+            f"or none has the free cores and memory this application asks for ({shown or 'Spark defaults'}); see the "
+            f"master's web UI and {data_dir / 'spark.log'}"
         )
     log.info("%d Spark executor(s) after %.1f s", executors, time.monotonic() - started)
     problem = store_problem(spark, store_dir)
