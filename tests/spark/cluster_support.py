@@ -9,6 +9,7 @@ command line (``leftovers``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -61,9 +62,12 @@ def leftovers(directory: Path) -> dict[int, str]:
     return {pid: line for pid, line in command_lines().items() if str(directory) in line}
 
 
-def kill_leftovers(directory: Path) -> dict[int, str]:
-    """SIGKILL every process that names ``directory``; what there was."""
-    found = leftovers(directory)
+def kill_leftovers(directory: Path, grace_s: float = 0.0) -> dict[int, str]:
+    """SIGKILL every process that names ``directory`` once ``grace_s`` has passed (or sooner,
+    when none is left: a stopping JVM takes a moment to end); what there was then."""
+    deadline = time.monotonic() + grace_s
+    while (found := leftovers(directory)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in found:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -221,13 +225,13 @@ class ServedManager:
         )
 
     async def wrapper_token(self, source: str) -> str:
-        return self.token("wrapper", source)
+        return await asyncio.to_thread(self.token, "wrapper", source)
 
     async def register_source(
         self, name: str, wrapper_url: str, capture: str, tables: list[str], manager_token: str
     ) -> None:
         body = {"name": name, "wrapper_url": wrapper_url, "capture": capture, "tables": tables}
-        self.call("POST", "/v1/sources", json=body | {"manager_token": manager_token})
+        await asyncio.to_thread(self.call, "POST", "/v1/sources", json=body | {"manager_token": manager_token})
 
     def connect_url(self) -> str:
         """The Spark Connect address the last start printed (``connect_port = 0``)."""

@@ -80,7 +80,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         yield running
     finally:
         stopped = running.stop()
-        left = kill_leftovers(base)
+        left = kill_leftovers(base, grace_s=10)
         groups = {pgid: pids for pgid, pids in process_groups().items() if pgid in daemons}
         assert stopped.returncode == 0, stopped.stderr
         assert not left and not groups, f"left running after the cluster stopped: {left} {groups}"
@@ -271,8 +271,12 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
         step("manager started")
         secret = spark_cluster.secret_file.read_text().strip()
         assert not [pid for pid, line in command_lines().items() if secret in line], "the secret is on a command line"
-        for source, url in urls.items():
-            await wrappers.add(source, url, [TABLES[source][0]], query_delay_ms=5, max_concurrent_queries=2)
+        await asyncio.gather(
+            *(
+                wrappers.add(s, url, [TABLES[s][0]], query_delay_ms=5, max_concurrent_queries=2)
+                for s, url in urls.items()
+            )
+        )
         manager.call("POST", "/v1/views", json={"sql": VIEW, "name": "v", "parallelism": 4})
         await until(lambda: view_status(manager, "v")["state"] == "active", 120, "the view's initial load")
 
@@ -329,7 +333,7 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
             thread.join(timeout=60)
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in manager.wrappers.values()))
         stopped = manager.stop()
-        left = kill_leftovers(tmp_path)
+        left = kill_leftovers(tmp_path, grace_s=20)
         print(f"cluster test: {time.monotonic() - began:.1f} s")
     assert stopped == 0 and not left, (stopped, left)
 
@@ -378,7 +382,7 @@ async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
             )
         )
     finally:
-        left = kill_leftovers(tmp_path)
+        left = kill_leftovers(tmp_path, grace_s=10)
     assert not left, left
     for name, ended in done.items():
         assert ended.returncode == 2, (name, ended.stderr[-3000:])
