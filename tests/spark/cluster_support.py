@@ -161,7 +161,7 @@ class ServedManager:
                 stdout=log,
                 stderr=log,
                 cwd=self.data_dir.parent,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable},
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
                 start_new_session=True,
             )
         deadline = began + timeout

@@ -10,6 +10,7 @@ the terminal, where the service's own lines are (``log_settings``, ``start_sessi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
@@ -149,9 +150,9 @@ def start_session(
     if (log_dir is not None or secret_settings) and SparkContext._gateway is None:
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
         log_file = None if log_dir is None else Path(log_dir) / LOG_FILE
-        with open(log_file or os.devnull, "ab") as err:
+        with open(log_file, "ab") if log_file else contextlib.nullcontext() as err:
             try:
-                gateway = launch_gateway(conf, popen_kwargs={} if log_file is None else {"stderr": err})
+                gateway = launch_gateway(conf, popen_kwargs=None if err is None else {"stderr": err})
             except Exception as exc:
                 tail = "" if log_file is None else f"; the end of {log_file}:\n{_tail(log_file)}"
                 raise RuntimeError(f"Spark did not start{tail}") from exc
