@@ -23,6 +23,13 @@
 #                           that executors run
 #   --timeout SECONDS       how long `start` waits for the master    SPARK_CLUSTER_TIMEOUT (60)
 #                           and the workers to be up, `stop` for them to end
+#   --auth-secret-file F    Spark's shared secret: the first line   SPARK_AUTH_SECRET_FILE
+#                           of F (or the secret itself in $SPARK_AUTH_SECRET); the master,
+#                           the workers and every application then authenticate with it
+#                           (spark.authenticate). Without one, none does.
+#
+# The secret goes to the daemons in RUN_DIR/daemon.properties (mode 0600, --properties-file),
+# never on a command line, which every user of the machine can read (ps).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2; }
@@ -42,6 +49,7 @@ worker_webui_port=${SPARK_WORKER_WEBUI_PORT:-8081}
 run_dir=${SPARK_CLUSTER_DIR:-./spark-cluster}
 python=${PVM_PYTHON:-python3}
 timeout=${SPARK_CLUSTER_TIMEOUT:-60}
+auth_secret_file=${SPARK_AUTH_SECRET_FILE:-}
 while [[ $# -gt 0 ]]; do
   [[ $# -ge 2 ]] || die "$1 needs a value"
   case $1 in
@@ -56,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --run-dir) run_dir=$2 ;;
     --python) python=$2 ;;
     --timeout) timeout=$2 ;;
+    --auth-secret-file) auth_secret_file=$2 ;;
     *) die "unknown option $1 (see $0 without arguments)" ;;
   esac
   shift 2
@@ -73,24 +82,58 @@ spark_home() {
   echo "$home"
 }
 
-# The environment of the daemons: where Spark is, which Python executors run, and no
-# address lookup of the machine's hostname (the daemons bind to --host).
-export SPARK_HOME=${SPARK_HOME:-$(spark_home)}
-export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$(command -v "$python")}
-export SPARK_LOCAL_IP=$host
-# spark-class reads conf/spark-env.sh and the like from here; nothing is needed from it
-export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$SPARK_HOME/conf}
+spark_environment() {
+  # The environment of the daemons: where Spark is, which Python executors run, and no
+  # address lookup of the machine's hostname (the daemons bind to --host).
+  SPARK_HOME=${SPARK_HOME:-$(spark_home)} || exit 1
+  export SPARK_HOME
+  export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$(command -v "$python")}
+  export SPARK_LOCAL_IP=$host
+  # spark-class reads conf/spark-env.sh and the like from here; nothing is needed from it
+  export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$SPARK_HOME/conf}
+}
+
+auth_secret() { # the shared secret, from --auth-secret-file or $SPARK_AUTH_SECRET; empty if none
+  local secret=${SPARK_AUTH_SECRET:-}
+  if [[ -n $auth_secret_file ]]; then
+    [[ -r $auth_secret_file ]] || die "--auth-secret-file $auth_secret_file: cannot read it"
+    IFS= read -r secret <"$auth_secret_file" || true
+    [[ -n $secret ]] || die "--auth-secret-file $auth_secret_file: its first line is empty"
+  fi
+  # a Java properties value: no backslash, space or line break to escape
+  [[ -z $secret || $secret =~ ^[A-Za-z0-9._~+/=:@%-]+$ ]] ||
+    die "the Spark secret may hold letters, digits and ._~+/=:@%- only"
+  echo "$secret"
+}
+
+properties=() # the daemons' --properties-file (write_properties)
+write_properties() { # RUN_DIR/daemon.properties, 0600: the secret if any, no REST submission server
+  local secret file
+  secret=$(auth_secret) || exit 1
+  mkdir -p "$run_dir"
+  file=$(cd "$run_dir" && pwd)/daemon.properties
+  (
+    umask 077
+    rm -f "$file"
+    {
+      # the master's REST server (port 6066) would take applications without any secret
+      echo spark.master.rest.enabled=false
+      [[ -z $secret ]] || printf 'spark.authenticate=true\nspark.authenticate.secret=%s\n' "$secret"
+    } >"$file"
+  )
+  properties=(--properties-file "$file")
+}
 
 master_command() {
   echo "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
-    --host "$host" --port "$master_port" --webui-port "$master_webui_port"
+    --host "$host" --port "$master_port" --webui-port "$master_webui_port" "${properties[@]}"
 }
 
 worker_args() { # $1: the worker's number, from 1
   local args=(--host "$host" --webui-port $((worker_webui_port + $1 - 1)) --memory "$worker_memory"
     --work-dir "$run_dir/work-$1")
   [[ -z $worker_cores ]] || args+=(--cores "$worker_cores")
-  echo "${args[@]}"
+  echo "${args[@]}" "${properties[@]}"
 }
 
 running() { # $1: a pid file; true if its process runs
@@ -157,6 +200,13 @@ names() { # the daemons of this run directory, workers first
 }
 
 case $command in
+  master | worker | start)
+    spark_environment
+    write_properties
+    ;;
+esac
+
+case $command in
   master)
     # shellcheck disable=SC2046
     exec $(master_command)
@@ -194,6 +244,7 @@ case $command in
   stop)
     [[ -d $run_dir ]] || exit 0
     stop_all
+    rm -f "$run_dir/daemon.properties"
     ;;
   status)
     status=0

@@ -62,8 +62,32 @@ async def start_serving(server, sock: socket.socket) -> asyncio.Task:
     return serving
 
 
-async def serve_until_stopped(server, sock: socket.socket, announcement: str) -> int:
-    """Run ``server`` on ``sock``; announce on stdout once it accepts requests."""
+def stop_on_signals(server) -> None:
+    """SIGTERM and SIGINT shut ``server`` down (a second one: at once), and nothing more.
+
+    uvicorn's own handling raises the signal again once the server has shut down, which
+    ends the process by the signal before the caller's cleanup runs (``pvm serve``'s: the
+    analysts' query process, Spark Connect, the compactor)."""
+    import contextlib
+    import signal
+
+    def shut_down() -> None:
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    server.capture_signals = contextlib.nullcontext
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, shut_down)
+
+
+async def serve_until_stopped(server, sock: socket.socket, announcement: str, own_signals: bool = False) -> int:
+    """Run ``server`` on ``sock``; announce on stdout once it accepts requests. With
+    ``own_signals`` a SIGTERM or SIGINT ends it with 0, and the caller's cleanup runs
+    (``stop_on_signals``)."""
+    if own_signals:
+        stop_on_signals(server)
     try:
         serving = await start_serving(server, sock)
     except RuntimeError:

@@ -65,14 +65,25 @@ class LocalDeployment:
         self._server.should_exit = True
         await self._serving
 
+    async def wrapper_token(self, source: str) -> str:
+        """A new wrapper token of ``source`` (``pvm token create --role wrapper --source``)."""
+        from api.auth import issue
+
+        return (await issue(self.manager, "wrapper", source=source, name=f"local wrapper of {source}"))[1]
+
+    async def register_source(
+        self, name: str, wrapper_url: str, capture: str, tables: list[str], manager_token: str
+    ) -> None:
+        """Register a running wrapper with the manager (``pvm source add``)."""
+        await self.manager.add_source(name, wrapper_url, capture, tables, manager_token=manager_token)
+
     async def add_sqlite_source(self, name: str, path: Path, tables: list[str], **wrapper_options):
         """Start a wrapper process for an SQLite database and register it with the manager."""
         import secrets
 
-        from api.auth import issue
         from pvm.wrapper_process import start_wrapper
 
-        wrapper_token = (await issue(self.manager, "wrapper", source=name, name=f"local wrapper of {name}"))[1]
+        wrapper_token = await self.wrapper_token(name)
         manager_token = secrets.token_urlsafe(32)
         wrapper = await asyncio.to_thread(
             start_wrapper,
@@ -87,7 +98,7 @@ class LocalDeployment:
             **wrapper_options,
         )
         self.wrappers[name] = wrapper
-        await self.manager.add_source(name, wrapper.url, "trigger", tables, manager_token=manager_token)
+        await self.register_source(name, wrapper.url, "trigger", tables, manager_token)
         return wrapper
 
     async def wait_shipped(self, timeout: float = 60.0) -> None:

@@ -26,6 +26,11 @@ CATALOG_URL = SecretOption(
     "--catalog", "PVM_CATALOG_URL",
     "SQLAlchemy URL of the catalog database (default: SQLite file in the data dir)", is_url=True,
 )  # fmt: skip
+SPARK_AUTH_SECRET = SecretOption(
+    "--spark-auth-secret", "PVM_SPARK_AUTH_SECRET",
+    "the shared secret of a standalone cluster that authenticates (spark.authenticate.secret)",
+    on_command_line=False,
+)  # fmt: skip
 log = logging.getLogger("pvm.serve")
 
 
@@ -51,6 +56,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Spark master URL, e.g. spark://HOST:7077 (default: embedded local[*]); "
         "a spark:// master that does not answer stops the start",
+    )
+    SPARK_AUTH_SECRET.add_to(parser)
+    parser.add_argument(
+        "--spark-executor-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="with a spark:// master, how long the start waits for the first executor: none by then (no worker "
+        "registered, or none with the cores and memory asked for) stops the start with an error (default: 120)",
     )
     parser.add_argument(
         "--spark-conf",
@@ -159,8 +173,13 @@ def open_store(
     spark_conf: dict[str, str] | None = None,
     retire_after_s: float = 0.0,
     host: str = "127.0.0.1",
+    auth_secret: str | None = None,
+    executor_timeout_s: float = 120.0,
 ):
-    """The view store; Spark's driver listens on ``host`` (the service's ``--host``)."""
+    """The view store; Spark's driver listens on ``host`` (the service's ``--host``). With
+    ``auth_secret`` the driver authenticates to the cluster (``spark.authenticate``), the
+    secret kept off every command line. On a ``spark://`` master, CliError if no executor
+    registers within ``executor_timeout_s`` or one cannot write the store's directory."""
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
@@ -171,19 +190,58 @@ def open_store(
     from warehouse.store.spark_session import get_spark
 
     spark_dir = store_files().make_dir(data_dir / "spark")
+    conf = dict(spark_conf or {})
+    secret = None
+    if auth_secret is not None:
+        conf["spark.authenticate"] = "true"
+        secret = {"spark.authenticate.secret": auth_secret}
     # Spark's own log lines go to <data-dir>/spark.log: the terminal has the service's
     try:
-        spark = get_spark(master, spark_dir / "warehouse", conf=spark_conf, host=host, log_dir=data_dir)
+        spark = get_spark(master, spark_dir / "warehouse", conf=conf, host=host, log_dir=data_dir, secret_conf=secret)
     except Exception as exc:
         if master is None:
             raise
         # e.g. a port that accepts connections but is no Spark master: Spark gives up after
         # three registrations of 20 s and reports only "a stopped SparkContext"
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # a cluster that authenticates drops an application without its secret, which
+        # Spark reports as "All masters are unresponsive"
+        hint = (
+            "" if auth_secret else "; if the cluster authenticates (spark.authenticate), give --spark-auth-secret-file"
+        )
         raise CliError(
             f"--spark-master {master}: Spark did not start on this master ({first_line}); see {data_dir / 'spark.log'}"
+            + hint
         ) from exc
+    if master is not None and master.startswith("spark://"):
+        check_cluster(spark, master, spark_dir, executor_timeout_s, data_dir)
     return SparkStore(spark, spark_dir, StoreRecords(Catalog(catalog_url)), retire_after_s=retire_after_s)
+
+
+def check_cluster(spark, master: str, store_dir: Path, timeout_s: float, data_dir: Path) -> None:
+    """CliError unless an executor of the cluster registers within ``timeout_s`` and every
+    executor can write ``store_dir`` (``warehouse.store.spark_cluster``)."""
+    from warehouse.store.spark_cluster import store_problem, wait_for_executors
+
+    started = time.monotonic()
+    executors = wait_for_executors(spark, timeout_s)
+    if not executors:
+        asked = {
+            k: spark.conf.get(k, None) for k in ("spark.executor.memory", "spark.executor.cores", "spark.cores.max")
+        }
+        shown = ", ".join(f"{k}={v}" for k, v in asked.items() if v)
+        raise CliError(
+            f"--spark-master {master}: no executor registered in {timeout_s:g} s: no worker has joined the master, "
+            f"or none has the free cores and memory this application asks for ({shown or 'Spark defaults'}); see the "
+            f"master's web UI and {data_dir / 'spark.log'}"
+        )
+    log.info("%d Spark executor(s) after %.1f s", executors, time.monotonic() - started)
+    problem = store_problem(spark, store_dir)
+    if problem is not None:
+        raise CliError(
+            f"--spark-master {master}: the executors cannot write the view store's directory {store_dir} ({problem}): "
+            "every worker needs it at the same path (a shared file system), writable by the user the worker runs as"
+        )
 
 
 # Beyond the query timeout and its grace: cancelling a Spark job takes effect between tasks.
@@ -317,7 +375,9 @@ def run(args: argparse.Namespace) -> int:
                 server.should_exit = True
 
         server = uvicorn_server(create_app(manager, startup=startup, verifier=verifier))
-        code = asyncio.run(serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}"))
+        code = asyncio.run(
+            serve_until_stopped(server, sock, f"manager listening on {http_url(sock)}", own_signals=True)
+        )
         if failures:
             raise failures[0]
         return code
@@ -336,8 +396,9 @@ async def start_services(
     view). Nothing here blocks the event loop."""
     started = time.perf_counter()
     store = await asyncio.to_thread(
-        open_store, args.store, args.data_dir, args.spark_master, url, spark_conf, retention_s(args), args.host
-    )
+        open_store, args.store, args.data_dir, args.spark_master, url, spark_conf, retention_s(args), args.host,
+        args.spark_auth_secret, args.spark_executor_timeout,
+    )  # fmt: skip
     if args.store == "spark":
         manager.analysts = await asyncio.to_thread(start_spark_services, store, args, spark_conf, stoppers)
         if args.connect_port >= 0:
@@ -390,7 +451,12 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
     ``--spark-conf`` settings; ``args.catalog`` holds the catalog URL, from wherever it was
     given."""
     CATALOG_URL.resolve(args)
+    SPARK_AUTH_SECRET.resolve(args)
     spark_conf = spark_settings(args.spark_conf)
+    if args.spark_auth_secret is not None and args.store != "spark":
+        raise CliError("--spark-auth-secret-file needs the Spark store (--store spark)")
+    if not (math.isfinite(args.spark_executor_timeout) and args.spark_executor_timeout > 0):
+        raise CliError("--spark-executor-timeout must be a positive number of seconds")
     if args.commit_group_size < 1:
         raise CliError("--commit-group-size must be at least 1")
     if args.seq_window < 1:
@@ -432,12 +498,20 @@ def check_analyst_options(args: argparse.Namespace) -> None:
             )
 
 
+SECRET_SPARK_SETTINGS = frozenset({"spark.authenticate.secret"})
+
+
 def spark_settings(pairs: list[str]) -> dict[str, str]:
     """``--spark-conf`` values as settings; CliError for one that is not ``spark.…=value``."""
     settings: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
+        if key in SECRET_SPARK_SETTINGS:
+            raise CliError(
+                f"--spark-conf {key}: a secret is not given on the command line or in a configuration file; "
+                f"use {SPARK_AUTH_SECRET.file_flag} FILE or ${SPARK_AUTH_SECRET.env}"
+            )
         if not sep or not key.startswith("spark.") or not value:
             raise CliError(f"--spark-conf {pair!r}: expected spark.<setting>=<value>")
         settings[key] = value

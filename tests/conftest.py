@@ -5,6 +5,9 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 - ``spark``: needs the shared Spark session. Every test under ``tests/spark/`` has it.
 - ``servers``: needs the PostgreSQL and MariaDB servers (``bash scripts/services.sh``). A test
   that takes one of the fixtures below has it without saying so.
+- ``cluster``: starts a Spark standalone cluster (``deploy/spark-cluster.sh``) and ``pvm serve``
+  on it (tests/spark/test_cluster_deployment.py: minutes). ``make test`` runs it, as CI does;
+  ``-m "not cluster"`` leaves it out of a quicker local run.
 - ``browser``: drives headless Chromium, which ``scripts/setup.sh`` installs; it fails, rather
   than skips, without it. It needs neither Spark nor the servers, and takes a few seconds.
 

@@ -181,7 +181,7 @@ def test_spark_conf_reaches_the_session(tmp_path, monkeypatch) -> None:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None, *more):
         seen.update(spark_conf)
         raise Stop
 
@@ -214,7 +214,7 @@ def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host:
     class Stop(Exception):
         pass
 
-    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None):
+    def fake_open_store(kind, data_dir, master, url, spark_conf=None, retire_after_s=0.0, host=None, *more):
         seen["host"] = host
         raise Stop
 
@@ -223,6 +223,66 @@ def test_sparks_driver_listens_on_the_services_host(tmp_path, monkeypatch, host:
         main(["serve", "--data-dir", str(tmp_path), "--port", "0", "--connect-port", "-1", "--host", host])
     assert seen == {"host": host}
     assert bind_settings(host)["spark.driver.bindAddress"] == host
+
+
+# -- Spark's shared secret, and the wait for executors -------------------------------------------
+
+
+def test_the_spark_secret_is_never_a_spark_conf_value(tmp_path, capsys) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--spark-conf", "spark.authenticate.secret=s3")
+    assert code == 2 and "--spark-conf spark.authenticate.secret: a secret is not given" in err, err
+    assert "--spark-auth-secret-file FILE or $PVM_SPARK_AUTH_SECRET" in err and "s3" not in err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--store", "memory", "--spark-auth-secret-file", "SECRET"], "--spark-auth-secret-file needs the Spark store"),
+        (["--spark-auth-secret-file", "MISSING"], "--spark-auth-secret-file MISSING: cannot read it"),
+        (["--spark-executor-timeout", "0"], "--spark-executor-timeout must be a positive number of seconds"),
+        (["--spark-executor-timeout", "nan"], "--spark-executor-timeout must be a positive number of seconds"),
+    ],
+)
+def test_bad_spark_cluster_options_are_refused(tmp_path, capsys, monkeypatch, argv: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "SECRET").write_text("s3cret\n")
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), *argv)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("given", ["file", "environment", "configuration file"])
+def test_the_spark_secret_reaches_the_store_from_a_file_or_the_environment(tmp_path, monkeypatch, given: str) -> None:
+    seen: list = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_open_store(*args):
+        seen.extend(args[-2:])
+        raise Stop
+
+    monkeypatch.setattr(serve, "open_store", fake_open_store)
+    monkeypatch.delenv("PVM_SPARK_AUTH_SECRET", raising=False)
+    (tmp_path / "secret").write_text("s3cret\nnot this line\n")
+    argv = ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--spark-executor-timeout", "7.5"]
+    if given == "file":
+        argv += ["--spark-auth-secret-file", str(tmp_path / "secret")]
+    elif given == "environment":
+        monkeypatch.setenv("PVM_SPARK_AUTH_SECRET", "s3cret")
+    else:
+        (tmp_path / "manager.toml").write_text(f'spark_auth_secret_file = "{tmp_path / "secret"}"\n')
+        argv += ["--config", str(tmp_path / "manager.toml")]
+    with pytest.raises(Stop):
+        main(argv)
+    assert seen == ["s3cret", 7.5]
+
+
+def test_the_spark_secret_is_not_read_from_a_configuration_file_in_clear(tmp_path, capsys) -> None:
+    (tmp_path / "manager.toml").write_text('spark_auth_secret = "s3cret"\n')
+    code, err = pvm(capsys, "serve", "--config", str(tmp_path / "manager.toml"))
+    assert code == 2 and "unknown key 'spark_auth_secret' (did you mean 'spark_auth_secret_file'?)" in err, err
 
 
 # -- --spark-master ------------------------------------------------------------------------------

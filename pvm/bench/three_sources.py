@@ -16,15 +16,15 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from contract.zset import ZSet
-from warehouse.catalog.db import Catalog
+from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
 from warehouse.recompute import recompute
 
 TABLES = {
@@ -151,11 +151,26 @@ class Writers:
             engine.dispose()
 
 
-class WrapperSet:
-    """Wrapper processes of any source URLs, registered with a ``LocalDeployment``'s manager
-    with tokens both ways (as ``LocalDeployment.add_sqlite_source`` does), and restartable."""
+class Deployment(Protocol):
+    """Where a ``WrapperSet`` runs its wrappers: a ``LocalDeployment``, or a manager served by
+    ``pvm serve`` in another process (the tests' cluster deployment)."""
 
-    def __init__(self, deployment: Any) -> None:
+    url: str
+    data_dir: Path
+    wrappers: dict[str, Any]
+
+    async def wrapper_token(self, source: str) -> str: ...
+
+    async def register_source(
+        self, name: str, wrapper_url: str, capture: str, tables: list[str], manager_token: str
+    ) -> None: ...
+
+
+class WrapperSet:
+    """Wrapper processes of any source URLs, registered with a deployment's manager with
+    tokens both ways (as ``LocalDeployment.add_sqlite_source`` does), and restartable."""
+
+    def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
         self._started: dict[str, dict[str, Any]] = {}
 
@@ -164,9 +179,7 @@ class WrapperSet:
     ) -> Any:
         """Start and register a wrapper; ``capture`` names its method (its ``capture_args``
         among ``wrapper_options`` say how)."""
-        from api.auth import issue
-
-        token = (await issue(self.deployment.manager, "wrapper", source=name, name=f"wrapper of {name}"))[1]
+        token = await self.deployment.wrapper_token(name)
         manager_token = secrets.token_urlsafe(32)
         self._started[name] = dict(
             source=name, url=url, tables=tables, token=token, manager_token=manager_token,
@@ -174,7 +187,7 @@ class WrapperSet:
             log_path=self.deployment.data_dir / f"wrapper-{name}.log", **wrapper_options,
         )  # fmt: skip
         wrapper = await self._start(name, port=0)
-        await self.deployment.manager.add_source(name, wrapper.url, capture, tables, manager_token=manager_token)
+        await self.deployment.register_source(name, wrapper.url, capture, tables, manager_token)
         return wrapper
 
     async def restart(self, name: str) -> Any:
@@ -198,9 +211,25 @@ class WrapperSet:
 async def check_oracle(manager: Any, view: str, initial: dict[tuple[str, str], ZSet]) -> int:
     """Assert the view as of every watermark equals recomputation over the source states the
     shipped updates describe; the number of states checked."""
-    plan, bases = manager.view(view).plan, manager.view(view).bases
     units = await manager.db(Catalog.units, view)
     log = {s: await manager.db(Catalog.log_entries, s, 0) for s in TABLES}
+    checked = 0
+    for order, expected in expected_states(manager.view(view).plan, manager.view(view).bases, units, log, initial):
+        assert manager.read(view, as_of=order) == expected, f"{view} as of W={order}"
+        checked += 1
+    return checked
+
+
+def expected_states(
+    plan: Any,
+    bases: dict[str, int],
+    units: list[UnitInfo],
+    log: dict[str, list[LogEntry]],
+    initial: dict[tuple[str, str], ZSet],
+) -> Iterator[tuple[int, ZSet]]:
+    """The oracle's side: for each maintenance unit in order, its order W and the view
+    recomputed over the source states the updates of the units through W describe (each
+    source's ``log`` applied to ``initial`` through the highest seq those units took)."""
     entries = {e.id: e for s in log for e in log[s]}
     upto = dict(bases)
     contents = {k: z.copy() for k, z in initial.items()}
@@ -214,9 +243,7 @@ async def check_oracle(manager: Any, view: str, initial: dict[tuple[str, str], Z
                     for change in entry.changes:
                         contents[(source, table)].add(tuple(change["row"][c] for c in columns), change["sign"])
             applied[source] = max(applied[source], upto[source])
-        expected = recompute(plan, contents, COLUMNS)
-        assert manager.read(view, as_of=unit.order) == expected, f"{view} as of W={unit.order}"
-    return len(units)
+        yield unit.order, recompute(plan, contents, COLUMNS)
 
 
 async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:

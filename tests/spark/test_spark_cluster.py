@@ -187,3 +187,18 @@ def test_a_start_that_fails_stops_what_it_started(tmp_path: Path) -> None:
     assert "Worker" in (run_dir / "worker-1.log").read_text()  # the worker's own complaint
     assert not list(run_dir.glob("*.pid"))
     assert cluster("status", run_dir).returncode == 3
+
+
+def test_a_secret_that_cannot_be_read_or_written_is_refused(tmp_path: Path) -> None:
+    """Before any daemon starts: a missing secret file, and a secret a Java properties file
+    would have to escape."""
+    missing = cluster("start", tmp_path / "a", "--auth-secret-file", str(tmp_path / "none"))
+    assert missing.returncode == 1 and f"--auth-secret-file {tmp_path / 'none'}: cannot read it" in missing.stderr
+    (tmp_path / "spaced").write_text("two words\n")
+    spaced = cluster("start", tmp_path / "b", "--auth-secret-file", str(tmp_path / "spaced"))
+    assert spaced.returncode == 1 and "the Spark secret may hold letters, digits" in spaced.stderr
+    assert "two words" not in spaced.stderr
+    (tmp_path / "empty").write_text("\n")
+    empty = cluster("start", tmp_path / "c", "--auth-secret-file", str(tmp_path / "empty"))
+    assert empty.returncode == 1 and "its first line is empty" in empty.stderr
+    assert not list(tmp_path.glob("*/*.pid"))

@@ -10,6 +10,7 @@ the terminal, where the service's own lines are (``log_settings``, ``start_sessi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
@@ -121,10 +122,21 @@ def session_settings(
     return settings
 
 
-def start_session(master: str, app_name: str, settings: Mapping[str, str], log_dir: Path | None = None) -> SparkSession:
+def start_session(
+    master: str,
+    app_name: str,
+    settings: Mapping[str, str],
+    log_dir: Path | None = None,
+    secret_settings: Mapping[str, str] | None = None,
+) -> SparkSession:
     """Start (or get) the process's session with ``settings``. With ``log_dir``, the JVM's
     stderr goes to ``log_dir/spark.log`` too (lines no log4j configuration reaches, such as the
-    JVM's own warnings), and the error of a JVM that would not start quotes its last lines."""
+    JVM's own warnings), and the error of a JVM that would not start quotes its last lines.
+
+    ``secret_settings`` (``spark.authenticate.secret``) are kept off the JVM's command line,
+    which every user of the machine can read: PySpark starts the JVM with ``spark-submit
+    --conf KEY=VALUE`` for each setting it is given, so the JVM is started with the others
+    and these are set in it before the SparkContext is made."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -133,16 +145,17 @@ def start_session(master: str, app_name: str, settings: Mapping[str, str], log_d
         # what Spark would otherwise look up (and warn about) before it reads its settings
         os.environ["SPARK_LOCAL_IP"] = driver_host
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in settings.items():
+    for key, value in {**settings, **(secret_settings or {})}.items():
         builder = builder.config(key, value)
-    if log_dir is not None and SparkContext._gateway is None:
+    if (log_dir is not None or secret_settings) and SparkContext._gateway is None:
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
-        log_file = Path(log_dir) / LOG_FILE
-        with open(log_file, "ab") as err:
+        log_file = None if log_dir is None else Path(log_dir) / LOG_FILE
+        with open(log_file, "ab") if log_file else contextlib.nullcontext() as err:
             try:
-                gateway = launch_gateway(conf, popen_kwargs={"stderr": err})
+                gateway = launch_gateway(conf, popen_kwargs=None if err is None else {"stderr": err})
             except Exception as exc:
-                raise RuntimeError(f"Spark did not start; the end of {log_file}:\n{_tail(log_file)}") from exc
+                tail = "" if log_file is None else f"; the end of {log_file}:\n{_tail(log_file)}"
+                raise RuntimeError(f"Spark did not start{tail}") from exc
         SparkContext._ensure_initialized(gateway=gateway)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.get("spark.log.level", "ERROR"))
@@ -183,6 +196,7 @@ def get_spark(
     conf: Mapping[str, str] | None = None,
     host: str = "127.0.0.1",
     log_dir: Path | None = None,
+    secret_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """Return the process's Spark session, starting it on first use.
 
@@ -192,7 +206,8 @@ def get_spark(
     (``bind_settings``) and the store's files get the modes of ``file_access.store_files()``.
     ``conf`` overrides all of these (tests use it to pin ``spark.sql.shuffle.partitions``, a
     deployment may set ``spark.driver.host``). With ``log_dir`` Spark's logs go to
-    ``log_dir/spark.log`` (``session_settings``, ``start_session``). Arguments of later calls
+    ``log_dir/spark.log`` (``session_settings``, ``start_session``). ``secret_conf`` (the
+    cluster's ``spark.authenticate.secret``) never reaches a command line. Arguments of later calls
     are ignored: the session, its master and its static settings are fixed for the life of
     the process.
     """
@@ -200,5 +215,5 @@ def get_spark(
     with _lock:
         if _session is None:
             settings = session_settings(warehouse_dir, conf, host, log_dir)
-            _session = start_session(master or "local[*]", app_name, settings, log_dir)
+            _session = start_session(master or "local[*]", app_name, settings, log_dir, secret_conf)
         return _session
