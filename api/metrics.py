@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from warehouse.manager import view_progress
+from warehouse.manager import change_log_bytes, view_progress
 
 STATES = ("initializing", "active", "failed")
 
@@ -45,14 +45,31 @@ class ManagerCollector(Collector):
             "The first missing seq of a source while updates are held (0: none held)",
             labels=["source"],
         )
+        change_log = GaugeMetricFamily(
+            "pvm_source_change_log_bytes",
+            "Log capture: change log the source's database keeps for the wrapper (a PostgreSQL slot's "
+            "retained WAL; the MariaDB binary log not read yet), as its wrapper last reported",
+            labels=["source"],
+        )
+        change_log_warning = GaugeMetricFamily(
+            "pvm_source_change_log_warning",
+            "1 when pvm_source_change_log_bytes is above the manager's --change-log-warning-mb",
+            labels=["source"],
+        )
         for source in sorted(m.clients):
             status = m.receiver.status(source)
             received.add_metric([source], status.released_through)
             held.add_metric([source], status.held)
             waiting.add_metric([source], status.waiting_for or 0)
+            kept = change_log_bytes(m.source_health.get(source, {}))
+            if kept is not None:
+                change_log.add_metric([source], kept)
+                change_log_warning.add_metric([source], 1.0 if kept > m.change_log_warning_bytes else 0.0)
         yield received
         yield held
         yield waiting
+        yield change_log
+        yield change_log_warning
         if m.store_probe is not None:
             up = GaugeMetricFamily(
                 "pvm_store_up", "1 when the view store answered its latest probe (never waited for here)"

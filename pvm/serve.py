@@ -154,6 +154,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="view verifications (pvm verify) run at once over all views; more are refused with 429 (default: 1)",
     )
     parser.add_argument(
+        "--change-log-warning-mb",
+        type=int,
+        default=1024,
+        metavar="MB",
+        help="log capture: warn (health, /metrics pvm_source_change_log_warning) when a source's database keeps "
+        "more than this much change log for its wrapper, e.g. a stopped wrapper's PostgreSQL slot (default: 1024)",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level"
     )
 
@@ -364,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
             catalog_key_file=key_file,
             seq_window=args.seq_window,
             max_verifications=args.max_verifications,
+            change_log_warning_bytes=args.change_log_warning_mb << 20,
         )
         verifier = verifier_for(manager)
 
@@ -463,6 +472,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--seq-window must be at least 1")
     if args.max_verifications < 1:
         raise CliError("--max-verifications must be at least 1")
+    if args.change_log_warning_mb < 1:
+        raise CliError("--change-log-warning-mb must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):
         raise CliError("--commit-linger must be a number of seconds, 0 or more")
     if not (math.isfinite(args.stall_after) and args.stall_after > 0):

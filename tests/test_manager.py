@@ -586,3 +586,39 @@ async def test_a_definition_that_fails_half_way_leaves_nothing_behind(tmp_path):
         assert manager2.status("v")["state"] == "active"
     finally:
         await manager2.stop()
+
+
+async def test_a_change_log_kept_past_the_warning_is_named_and_measured(tmp_path):
+    """Log capture: a stopped or slow wrapper makes its database keep change log (a slot's
+    WAL) without limit; past ``change_log_warning_bytes`` the manager's health names the
+    source and ``/metrics`` flags it."""
+    import httpx
+
+    from api.manager_app import create_app
+
+    manager, sources = await start_sim_manager(
+        tmp_path / "c.db", TABLES, source_watch_s=0.05, change_log_warning_bytes=1 << 20
+    )
+    kept = {"a": 512, "b": 3 << 20}
+
+    def log_health(name: str):
+        async def health() -> dict:
+            return {"ok": True, "capture": {"method": "log", "retained_wal_bytes": kept[name], "unread_wal_bytes": 0}}
+
+        return health
+
+    try:
+        app = create_app(manager)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://manager") as api:
+            for name in ("a", "b"):
+                sources[name].health = log_health(name)
+            await until(lambda: len(manager.source_problems()) == 1, timeout=5)
+            [problem] = (await api.get("/v1/health")).json()["problems"]
+            assert problem.startswith("source 'b': its database keeps 3 MiB of change log") and "uninstall" in problem
+            metrics = (await api.get("/metrics")).text
+            assert 'pvm_source_change_log_bytes{source="a"} 512.0' in metrics
+            assert 'pvm_source_change_log_bytes{source="b"} 3.145728e+06' in metrics
+            assert 'pvm_source_change_log_warning{source="a"} 0.0' in metrics
+            assert 'pvm_source_change_log_warning{source="b"} 1.0' in metrics
+    finally:
+        await manager.stop()

@@ -47,6 +47,33 @@ T = TypeVar("T")
 SOURCE_WATCH_S = 10.0
 """How often the manager asks every wrapper for its health (``Manager._watch_sources``)."""
 
+CHANGE_LOG_WARNING_BYTES = 1 << 30
+"""Change log a source keeps for (or has not yet given to) its wrapper's log capture, above
+which the manager warns (``Manager.source_problems``, ``/metrics``): a stopped wrapper's
+PostgreSQL slot keeps every WAL segment until it reads again or is uninstalled."""
+
+
+def change_log_bytes(report: Mapping[str, Any]) -> int | None:
+    """How much change log a wrapper's health report says its source keeps for it: a
+    PostgreSQL slot's retained WAL, or the MariaDB binary log not read yet. None: the wrapper
+    does not capture from a log, or said nothing of it.
+
+    >>> change_log_bytes({"capture": {"method": "log", "retained_wal_bytes": 4096, "unread_wal_bytes": 10}})
+    4096
+    >>> change_log_bytes({"capture": {"method": "log", "unread_binlog_bytes": 77}})
+    77
+    >>> change_log_bytes({"capture": {"method": "trigger"}}) is None
+    True
+    """
+    capture = report.get("capture")
+    if not isinstance(capture, dict):
+        return None
+    for key in ("retained_wal_bytes", "unread_binlog_bytes"):
+        if isinstance(value := capture.get(key), int):
+            return value
+    return None
+
+
 Connect = Callable[[str, str], SourceClient]
 
 
@@ -115,6 +142,7 @@ class Manager:
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
         blocking_executor: Executor | None = None,
+        change_log_warning_bytes: int = CHANGE_LOG_WARNING_BYTES,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -123,7 +151,8 @@ class Manager:
         SQLite catalog file). ``backoff``: waits between retries of a transient fault;
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
-        asked; ``max_verifications``: verifications run at once over all views
+        asked; ``change_log_warning_bytes``: change log kept for a source's log capture
+        above which the manager warns; ``max_verifications``: verifications run at once over all views
         (``warehouse.verify``); ``protocol``: makes a view's protocol state from its
         parallelism and batch size (tests give one broken on purpose, for the oracle to
         catch).
@@ -138,6 +167,7 @@ class Manager:
         self.verifications = Verifications(max_verifications)
         self.started = False
         self.source_watch_s = source_watch_s
+        self.change_log_warning_bytes = change_log_warning_bytes
         self.source_health: dict[str, dict[str, Any]] = {}  # source -> its wrapper's last report
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
@@ -222,7 +252,8 @@ class Manager:
             await asyncio.sleep(self.source_watch_s)
 
     def source_problems(self) -> list[str]:
-        """Sources whose wrapper did not answer, or reported its capture blocked, when last asked."""
+        """Sources whose wrapper did not answer, reported its capture blocked, or whose change log
+        grew past the warning, when last asked."""
         problems = []
         for name, report in sorted(self.source_health.items()):
             if report.get("reachable") is False:
@@ -231,6 +262,12 @@ class Manager:
                 problems.append(
                     f"source {name!r}: capture blocked ({blocked.get('loop')}, {blocked.get('attempts')} attempts): "
                     f"{blocked.get('error')}"
+                )
+            if (kept := change_log_bytes(report)) is not None and kept > self.change_log_warning_bytes:
+                problems.append(
+                    f"source {name!r}: its database keeps {kept / (1 << 20):.0f} MiB of change log for the wrapper "
+                    f"(warning above {self.change_log_warning_bytes / (1 << 20):.0f} MiB): is the wrapper behind "
+                    "or stopped? `pvm wrapper uninstall` releases a source that is no longer captured"
                 )
         return problems
 

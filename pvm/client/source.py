@@ -115,14 +115,25 @@ def _change_log(capture: object) -> str | None:
 
     >>> _change_log({"method": "log", "slot": "pvm_shop", "retained_wal_bytes": 3 << 20, "unread_wal_bytes": 512})
     'slot pvm_shop retains 3.0 MiB of WAL; 512 bytes not read yet'
+    >>> _change_log({"method": "log", "position": "mysql-bin.000003:1187", "unread_binlog_bytes": 5 << 20})
+    'binary log read through mysql-bin.000003:1187; 5.0 MiB not read yet'
     >>> _change_log({"method": "trigger"}) is None
     True
     """
-    if not isinstance(capture, dict) or "retained_wal_bytes" not in capture:
+    if not isinstance(capture, dict):
         return None
-    retained = capture["retained_wal_bytes"] or 0
-    shown = f"{retained / (1 << 20):.1f} MiB" if retained >= 1 << 20 else f"{retained} bytes"
-    return f"slot {capture.get('slot')} retains {shown} of WAL; {capture.get('unread_wal_bytes', 0)} bytes not read yet"
+    if "retained_wal_bytes" in capture:
+        retained = _size(capture["retained_wal_bytes"])
+        return f"slot {capture.get('slot')} retains {retained} of WAL; {_size(capture.get('unread_wal_bytes'))} not read yet"
+    if "unread_binlog_bytes" in capture:
+        unread = _size(capture["unread_binlog_bytes"])
+        return f"binary log read through {capture.get('position')}; {unread} not read yet"
+    return None
+
+
+def _size(value: object) -> str:
+    size = value if isinstance(value, int) else 0
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 def _held(source: dict) -> str:
