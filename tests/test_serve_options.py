@@ -143,6 +143,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "50",
                 "--max-verifications",
                 "2",
+                "--change-log-warning-mb",
+                "64",
             ]
         )
     # the memory store: no analysts' query process
@@ -153,6 +155,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "stall_after_s": 60.0,
         "seq_window": 50,
         "max_verifications": 2,
+        "change_log_warning_bytes": 64 << 20,
     }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
 
