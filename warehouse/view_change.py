@@ -17,6 +17,9 @@ parts (``join.key_chunks``), one after the other: each part is a subquery of its
 its own snapshot and watermark, and is compensated against its own watermark. The parts
 share no key, so the sum of their exact joins is the step's exact join; no key list is ever
 too long for the wire, and a source never holds one huge request.
+
+In the Spark store the initial load does not run here but in the store's engine
+(``warehouse.engine_load``), with the same compensation: ``initial_load``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
+from warehouse.engine_load import EngineLoad
 from warehouse.join import distinct_keys, extend, key_chunks, local_join
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
@@ -54,9 +58,13 @@ class ViewChange:
         self.plan = plan
         self.protocol = protocol
         self.sources = sources
+        self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
+        if unit.initial and self.initial_load is not None:
+            effect, stats.compensations = await self.initial_load.run(unit)
+            return effect, stats
         started = time.time()
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats
