@@ -170,13 +170,22 @@ class SnapshotWriter:
         self._writer.close()
 
 
+class _Source:
+    """A ``Readable`` as the file object pyarrow wraps (it asks whether it is closed)."""
+
+    closed = False
+
+    def __init__(self, source: Readable) -> None:
+        self.read = source.read
+
+
 class SnapshotReader:
     """Reads a snapshot stream from ``source``; ``batches`` raises ``TruncatedSnapshot`` if
     the end marker never comes, and SnapshotStreamError if the stream is not one."""
 
     def __init__(self, source: Readable) -> None:
         try:
-            self._reader = pa.ipc.open_stream(source)
+            self._reader = pa.ipc.open_stream(pa.PythonFile(_Source(source), mode="r"))
         except pa.ArrowInvalid as exc:
             raise TruncatedSnapshot(f"the snapshot stream broke before its schema: {exc}") from exc
         meta = self._reader.schema.metadata or {}

@@ -31,6 +31,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
     ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),
+    "load": (
+        "pvm.bench.load",
+        "a view's initial load in Spark over PostgreSQL + MariaDB + SQLite, against Spark over JDBC",
+    ),
     "abuse": (
         "pvm.bench.abuse",
         "view lag, W progress and memory of a deployment quiet, then under attack through its API",

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import expr
+from contract.column_types import spark_type
 from contract.expr import Cmp, Col
 from contract.relation_snapshot import (
     Readable,
@@ -110,9 +111,9 @@ def supports(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> str | None:
     ``j``'s columns, in the plan's order."""
     position = {r.alias: j for j, r in enumerate(plan.relations)}
 
-    def declared_type(c: Col) -> pa.DataType:
+    def declared_type(c: Col) -> str | None:
         j = position[c.relation]
-        return arrow_type(declared[j][plan.relations[j].columns.index(c.name)])
+        return spark_type(declared[j][plan.relations[j].columns.index(c.name)])
 
     for conjunct in plan.join:
         if not (
@@ -123,7 +124,7 @@ def supports(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> str | None:
         ):
             return f"join predicate {conjunct!r} is not an equality of two columns"
         types = {declared_type(c) for c in (conjunct.left, conjunct.right)}
-        if len(types) != 1 or next(iter(types)) not in (pa.int64(), pa.string(), pa.bool_()):
+        if len(types) != 1 or next(iter(types)) not in ("BIGINT", "STRING", "BOOLEAN"):
             return f"join predicate {conjunct!r} compares columns of types {sorted(map(str, types))}"
     return None
 

@@ -170,8 +170,6 @@ class _Chunks:
     """A file-like object over a response's byte chunks, for pyarrow to read from; a broken
     connection is a TruncatedSnapshot (transient: the load is retried)."""
 
-    closed = False
-
     def __init__(self, source: str, chunks: Iterator[bytes]) -> None:
         self._source = source
         self._chunks = chunks
