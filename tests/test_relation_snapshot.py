@@ -5,9 +5,12 @@ other columns is refused, and only joins that mean the same in Spark are loaded 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,8 +26,10 @@ from contract.relation_snapshot import (
     encode_batch,
     snapshot_schema,
 )
-from warehouse.engine_load import stage, supports
+from contract.zset import ZSet
+from warehouse.engine_load import EngineLoad, stage, supports
 from warehouse.plan import OutputColumn, RelationRef, ViewPlan
+from warehouse.protocol import ViewProtocol, ViewUpdate
 
 COLUMNS = ["id", "name", "price", "flag", "ratio"]
 TYPES = ["INTEGER", "VARCHAR(10)", "NUMERIC(6,2)", "BOOLEAN", "REAL"]
@@ -102,3 +107,70 @@ def test_spark_loads_only_joins_that_mean_the_same_there() -> None:
     assert "types" in supports(plan_of(Cmp("=", Col("r", "x"), Col("s", "x"))), declared)  # text against JSON
     assert "equality" in supports(plan_of(Cmp("<", Col("r", "k"), Col("s", "k"))), declared)
     assert "equality" in supports(plan_of(Cmp("=", Col("r", "k"), Lit(1))), declared)
+
+
+class FakeSource:
+    """Streams a fixed relation as of a fixed watermark."""
+
+    def __init__(self, rows, watermark: int, columns=("k", "x"), types=("INTEGER", "TEXT")) -> None:
+        self.rows, self.watermark, self.columns, self.types = rows, watermark, columns, types
+        self.asked = 0
+
+    @contextlib.contextmanager
+    def open_snapshot(self, request):
+        self.asked += 1
+        sink = io.BytesIO()
+        writer = SnapshotWriter(sink, snapshot_schema(list(self.columns), list(self.types), self.watermark))
+        writer.write_rows(self.rows)
+        writer.close()
+        yield io.BytesIO(sink.getvalue())
+
+
+class FakeStore:
+    """Keeps what the load would join: each staged file's rows, read when ``load`` runs."""
+
+    def __init__(self, root, held=()) -> None:
+        self.root, self.held, self.staged = root, set(held), {}
+
+    def staging_dir(self, view):
+        return self.root / view
+
+    def committed_orders(self, view):
+        return set(self.held)
+
+    def load(self, view, order, sql):
+        for path in re.findall(r"parquet\.`([^`]+)`", sql):
+            self.staged[Path(path).name] = pq.read_table(path).to_pylist()
+        self.held.add(order)
+        return True
+
+
+def two_relation_plan() -> ViewPlan:
+    r = RelationRef("r", "a", "r", ("k", "x"))
+    s = RelationRef("s", "b", "s", ("k", "x"))
+    return ViewPlan("v", (r, s), (Cmp("=", Col("r", "k"), Col("s", "k")),), (OutputColumn("k", Col("r", "k")),))
+
+
+async def test_the_load_stages_what_its_snapshots_reflect_but_must_not(tmp_path) -> None:
+    """Updates of source a with seq <= 5 (its snapshot's watermark) are queued, so ordered
+    after the load: staged negated beside r's snapshot. Seq 6 is not reflected; source b's
+    snapshot reflects none of its queued updates."""
+    protocol = ViewProtocol(parallelism=2)
+    load = protocol.start_initial()
+    for seq, source, row in ((4, "a", (1, "new")), (5, "a", (2, "newer")), (6, "a", (3, "later")), (9, "b", (7, "s"))):
+        protocol.receive(ViewUpdate(seq, source, seq, {0 if source == "a" else 1: ZSet({row: 1})}))
+    sources = {"a": FakeSource([(1, "new"), (2, "newer"), (5, "old")], 5), "b": FakeSource([(1, "y")], 8)}
+    store = FakeStore(tmp_path)
+    engine = EngineLoad(two_relation_plan(), protocol, sources, store, [["INTEGER", "TEXT"]] * 2)
+    effect, compensated = await engine.run(load)
+    assert effect.is_empty() and compensated == 2
+    assert store.staged["c0.parquet"] == [{"k": 1, "x": "new", "_w": -1}, {"k": 2, "x": "newer", "_w": -1}]
+    assert "c1.parquet" not in store.staged and len(store.staged["r0.parquet"]) == 3
+    assert not list((tmp_path / "v").iterdir())  # the staging is removed
+    assert engine.progress is None
+
+    again = EngineLoad(
+        two_relation_plan(), protocol, sources, FakeStore(tmp_path, held={load.order}), [["INTEGER", "TEXT"]] * 2
+    )
+    assert await again.run(load) == (ZSet(), 0)  # the store holds the load: nothing is asked again
+    assert sources["a"].asked == 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -220,12 +221,23 @@ class EngineLoad:
         name = self.plan.name
         if unit.order in await asyncio.to_thread(self.store.committed_orders, name):
             return ZSet(), 0  # appended before a crash or a failed commit record
-        staging = self.store.staging_dir(name) / f"order-{unit.order}"
-        shutil.rmtree(staging, ignore_errors=True)  # a run cut short leaves nothing of use
-        staging.mkdir(parents=True)
+        root = self.store.staging_dir(name)
+        for old in root.glob(f"order-{unit.order}-*"):  # an earlier run's: nothing of it is of use
+            shutil.rmtree(old, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        # A directory of this run's own: a thread of a run that was cancelled cannot be
+        # stopped, and may still be writing to its files.
+        staging = Path(tempfile.mkdtemp(prefix=f"order-{unit.order}-", dir=root))
         self.progress = progress = LoadProgress(len(self.plan.relations))
         try:
-            staged = await asyncio.gather(*(self._stage(j, staging) for j in range(len(self.plan.relations))))
+            # every stream runs to its end or its fault before the staging goes
+            results = await asyncio.gather(
+                *(self._stage(j, staging) for j in range(len(self.plan.relations))), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            staged = [r for r in results if not isinstance(r, BaseException)]
             # Every update a snapshot reflects was received before its stream began (the
             # handshake), and none leaves the protocol while the load runs (it is the oldest
             # unit): asking now names exactly what each snapshot must not reflect.

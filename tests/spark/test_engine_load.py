@@ -56,19 +56,22 @@ def make_sources(tmp_path: Path, rows: int, seed: int = 1) -> dict[str, Path]:
             db.execute(ddl)
             db.executemany(
                 f"INSERT INTO {table} VALUES ({', '.join('?' * len(COLUMNS[(source, table)]))})",
-                [random_row(table, k, rng) for k in range(1, rows + 1)],
+                [random_row(table, k, rng, rows) for k in range(1, rows + 1)],
             )
             db.commit()
         paths[source] = path
     return paths
 
 
-def random_row(table: str, key: int, rng: random.Random) -> tuple:
+def random_row(table: str, key: int, rng: random.Random, rows: int) -> tuple:
+    """Join values drawn from about half as many values as rows: each join step keeps the
+    view about as large as a relation."""
+    domain = max(5, rows // 2)
     if table == "R":
-        return (key, rng.randrange(5), rng.choice(["n1", "n2", "x", "né"]), rng.choice([1.5, 2, None, 10.25]))
+        return (key, rng.randrange(domain), rng.choice(["n1", "n2", "x", "né"]), rng.choice([1.5, 2, None, 10.25]))
     if table == "S":
-        return (key, rng.randrange(5), rng.randrange(7))
-    return (key, rng.randrange(7), rng.choice(["d1", "hidden", None]), rng.choice([0, 1, None]))
+        return (key, rng.randrange(domain), rng.randrange(domain))
+    return (key, rng.randrange(domain), rng.choice(["d1", "hidden", None]), rng.choice([0, 1, None]))
 
 
 def read_live(paths: dict[str, Path]) -> dict[tuple[str, str], ZSet]:
@@ -118,7 +121,7 @@ async def test_the_load_in_spark_equals_recomputation(spark, tmp_path):
             counters = manager.view("v").maintainer.counters
             assert counters.subqueries == 0  # no row of the load went through a subquery
             expected = recomputed(manager, "v", paths)
-            assert len(expected) > 50
+            assert len(expected) > 20
             assert manager.read("v") == expected
             assert not any((tmp_path / "data" / "staging" / "v").glob("*/*.parquet"))  # staging removed
 
@@ -143,7 +146,7 @@ async def test_updates_during_the_load_are_compensated(spark, tmp_path):
                     with contextlib.closing(sqlite3.connect(paths[source])) as db:
                         db.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 3)")
                         cols = COLUMNS[(source, table)]
-                        rows = [random_row(table, k, rng) for k in (1, 2, 1000, 1001)]
+                        rows = [random_row(table, k, rng, 200) for k in (1, 2, 1000, 1001)]
                         db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
                         db.execute(
                             f"UPDATE {table} SET b = b + 1 WHERE id = 10"
@@ -255,7 +258,7 @@ async def test_a_stream_cut_short_is_retried_and_never_shown(spark, tmp_path):
 
 
 async def test_a_wrapper_that_dies_mid_stream_leaves_the_view_initializing(spark, tmp_path):
-    paths = make_sources(tmp_path, rows=50_000)
+    paths = make_sources(tmp_path, rows=20_000)
     with spark_store(spark, tmp_path / "data") as store:
         async with LocalDeployment(tmp_path, store) as deployment:
             await deploy(deployment, paths)
