@@ -203,7 +203,7 @@ async def test_a_restart_in_the_middle_of_a_load_loads_again(spark, tmp_path):
             assert first.view("v").info.state == "initializing"
             progress = first.status("v")["load"]
             assert progress is not None and progress["phase"] == "staging"
-            await first.stop()  # the process ends in the middle of the load
+            await first.view("v").maintainer.stop()  # the process ends in the middle of the load
             gate.release.set()
             assert store.committed_orders("v") == set()  # nothing of the load is in the view
 

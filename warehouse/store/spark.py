@@ -216,6 +216,8 @@ class SparkStore:
             name = f"{VERSIONS_DB}.{table.name}"
             if match and match.group(2).lower() in names and name.lower() not in current:
                 self._drop_tables(name)
+        # No load runs before the store is open: whatever is staged is a dead run's.
+        shutil.rmtree(self._staging, ignore_errors=True)
         if not self._root.is_dir():
             return
         for view_dir in self._root.iterdir():
