@@ -186,7 +186,7 @@ class SnapshotReader:
     def __init__(self, source: Readable) -> None:
         try:
             self._reader = pa.ipc.open_stream(pa.PythonFile(_Source(source), mode="r"))
-        except pa.ArrowInvalid as exc:
+        except (pa.ArrowInvalid, OSError) as exc:
             raise TruncatedSnapshot(f"the snapshot stream broke before its schema: {exc}") from exc
         meta = self._reader.schema.metadata or {}
         if meta.get(VERSION_KEY) != SNAPSHOT_VERSION.encode():

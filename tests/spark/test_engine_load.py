@@ -278,10 +278,11 @@ async def test_a_wrapper_that_dies_mid_stream_leaves_the_view_initializing(spark
                             self.head = head
 
                         def read(self, size: int = -1) -> bytes:
-                            if self.head:
-                                out, self.head = self.head[:size] if size >= 0 else self.head, b""
-                                return out
-                            return stream.read(size)
+                            if not self.head:
+                                return stream.read(size)
+                            cut = len(self.head) if size < 0 else size
+                            out, self.head = self.head[:cut], self.head[cut:]
+                            return out
 
                     yield Rest()
 
