@@ -113,6 +113,10 @@ def json_text(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
+_CONVERTED = (pa.bool_(), pa.float64())
+"""The types whose wire values may need a conversion (``_typed``); the others go as they are."""
+
+
 def _typed(value: Any, type_: pa.DataType) -> Any:
     """A wire value in its column's Arrow type: sources without a boolean type hand out 0 and
     1; SQLite may hand out an integer from a float column."""
@@ -137,8 +141,10 @@ def encode_batch(
         if f.metadata and JSON_KEY in f.metadata:
             arrays.append(pa.array([json_text(v) for v in values], pa.string()))
             continue
+        if f.type in _CONVERTED:
+            values = [_typed(v, f.type) for v in values]
         try:
-            arrays.append(pa.array([_typed(v, f.type) for v in values], f.type))
+            arrays.append(pa.array(values, f.type))
         except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
             raise SnapshotStreamError(f"column {f.name!r}: a value does not fit {f.type}: {exc}") from exc
     names = list(schema.names)
