@@ -207,9 +207,12 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
             task = progress.add_task(f"{n:,} rows per source: loading the view", total=100)
             started = time.perf_counter()
             await manager.define_view(VIEW, name)
+            seen = {"defined": time.perf_counter()}  # when each phase was first seen
             while manager.view(name).info.state == "initializing" and manager.view(name).maintainer.failed is None:
                 status = manager.status(name)
                 load = status.get("load") or {}
+                phase = load.get("phase", "committing" if "staging" in seen else "starting")
+                seen.setdefault(phase, time.perf_counter())
                 progress.update(
                     task,
                     completed=load.get("percent", 0.0),
@@ -218,6 +221,7 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
                 )
                 await asyncio.sleep(0.1)
             seconds = time.perf_counter() - started
+            seen["active"] = time.perf_counter()
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
             raise CliError(f"the view failed to load: {handle.maintainer.failed}")
@@ -231,6 +235,8 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
         "manager_rss_start_mib": round(rss["start_mib"], 1),
         "manager_rss_peak_mib": round(rss["peak_mib"], 1),
         "engine_load": engine,
+        # seconds from define to the first sight of each phase (polled every 0.1 s)
+        "phases": {phase: round(at - started, 2) for phase, at in seen.items()},
     }
 
 
@@ -248,7 +254,7 @@ def jdbc_url(url: str) -> str:
     >>> jdbc_url("postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3Dx")
     'jdbc:postgresql://127.0.0.1:5432/test?currentSchema=x&user=postgres'
     >>> jdbc_url("mysql+pymysql://root@127.0.0.1:3306/db"), jdbc_url("sqlite:////tmp/a.db")
-    ('jdbc:mariadb://127.0.0.1:3306/db?user=root', 'jdbc:sqlite:/tmp/a.db')
+    ('jdbc:mysql://127.0.0.1:3306/db?permitMysqlScheme&user=root', 'jdbc:sqlite:/tmp/a.db')
     """
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -258,7 +264,9 @@ def jdbc_url(url: str) -> str:
         options = str(parsed.query.get("options", ""))
         schema = options.split("search_path=", 1)[1] if "search_path=" in options else "public"
         return f"jdbc:postgresql://{parsed.host}:{parsed.port or 5432}/{parsed.database}?currentSchema={schema}&{user}"
-    return f"jdbc:mariadb://{parsed.host}:{parsed.port or 3306}/{parsed.database}?{user}"
+    # the mysql scheme: Spark quotes names for MySQL only there (its default dialect's double
+    # quotes are string literals to MariaDB); Connector/J takes it with permitMysqlScheme
+    return f"jdbc:mysql://{parsed.host}:{parsed.port or 3306}/{parsed.database}?permitMysqlScheme&{user}"
 
 
 def jdbc_recompute(spark: Any, urls: dict[str, str], out: Path) -> dict[str, Any]:
