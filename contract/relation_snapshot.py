@@ -135,9 +135,15 @@ def encode_batch(
     """Rows of wire values as one record batch of ``schema``; with ``weights``, a last
     column ``_w`` (the manager's compensation rows). SnapshotStreamError if a value does not
     fit its column."""
+    return encode_columns(schema, [[row[i] for row in rows] for i in range(len(schema))], weights)
+
+
+def encode_columns(
+    schema: pa.Schema, columns: Sequence[Sequence[Any]], weights: Sequence[int] | None = None
+) -> pa.RecordBatch:
+    """``encode_batch`` for values already in columns (what a wrapper fetches, transposed)."""
     arrays = []
-    for i, f in enumerate(schema):
-        values = [row[i] for row in rows]
+    for f, values in zip(schema, columns, strict=True):
         if f.metadata and JSON_KEY in f.metadata:
             arrays.append(pa.array([json_text(v) for v in values], pa.string()))
             continue
@@ -166,6 +172,12 @@ class SnapshotWriter:
         if rows:
             self._writer.write_batch(encode_batch(self.schema, rows))
             self.rows += len(rows)
+
+    def write_columns(self, columns: Sequence[Sequence[Any]]) -> None:
+        """One batch of rows given column by column (all of one length)."""
+        if columns and columns[0]:
+            self._writer.write_batch(encode_columns(self.schema, columns))
+            self.rows += len(columns[0])
 
     def close(self) -> None:
         """The end marker, then the IPC end of stream: only now is the stream complete."""

@@ -42,11 +42,9 @@ class _Encoder:
 
     def next_chunk(self) -> bytes:
         """The next batch's bytes; after the last, the end marker (and ``done``)."""
-        rows: list[Sequence[Any]] = [
-            tuple(wire_value(v) for v in row) for row in self._result.fetchmany(ROWS_PER_BATCH)
-        ]
+        rows = self._result.fetchmany(ROWS_PER_BATCH)
         if rows:
-            self._writer.write_rows(rows)
+            self._writer.write_columns([_wire(column) for column in zip(*rows)])
         else:
             self._result.close()
             self._writer.close()
@@ -55,6 +53,18 @@ class _Encoder:
 
     def close(self) -> None:
         self._result.close()
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+"""Types a driver hands out that are their own wire form."""
+
+
+def _wire(column: Sequence[Any]) -> Sequence[Any]:
+    """A fetched column in wire form: converted value by value only if some value needs it
+    (decimals, dates, bytes), which most columns of most batches do not."""
+    if all(type(v) in _PLAIN for v in column):
+        return column
+    return [wire_value(v) for v in column]
 
 
 async def stream(
