@@ -184,6 +184,15 @@ class RetryOut(BaseModel):
     since: float = Field(description="when the first of these faults happened (Unix time)")
 
 
+class LoadOut(BaseModel):
+    phase: str = Field(description="staging (the sources stream their relations) or joining (the engine's job)")
+    relations: int = Field(description="relations of the view")
+    relations_staged: int = Field(description="relations staged whole")
+    rows_staged: int = Field(description="rows received so far, all relations")
+    percent: float = Field(description="relations staged, in percent")
+    seconds: float = Field(description="since the load started")
+
+
 VIEW_EXAMPLE: dict[str, Any] = {
     "name": "big_orders",
     "state": "active",
@@ -196,6 +205,7 @@ VIEW_EXAMPLE: dict[str, Any] = {
     "paused": False,
     "idle": False,
     "retrying": None,
+    "load": None,
     "stalled": False,
     "no_progress_seconds": 0.12,
     "updates_queued": 3,
@@ -244,6 +254,11 @@ class ViewOut(BaseModel):
     retrying: RetryOut | None = Field(
         description="steps retried after a transient fault (a source unreachable past its client's retries, the store "
         "or the catalog failing), with backoff for as long as the fault lasts; null when none is"
+    )
+    load: LoadOut | None = Field(
+        default=None,
+        description="the initial load running in the store's engine (Spark): relation snapshots staged, then "
+        "joined; null when none runs",
     )
     stalled: bool = Field(
         description="the watchdog: work pending and no progress for the manager's limit (60 s by default)"

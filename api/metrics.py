@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from warehouse.manager import change_log_bytes, view_progress
+from warehouse.manager import change_log_bytes, load_status, view_progress
 
 STATES = ("initializing", "active", "failed")
 
@@ -119,6 +119,12 @@ class ManagerCollector(Collector):
                 "pvm_view_lag_seconds",
                 "Age in seconds of the oldest update not visible at W (queued, running or above W)",
             ),
+            "load_rows": gauge(
+                "pvm_view_load_rows_staged", "Rows of the running initial load staged so far (0: none runs)"
+            ),
+            "load_relations": gauge(
+                "pvm_view_load_relations_staged", "Relations of the running initial load staged whole (0: none runs)"
+            ),
             "state": gauge("pvm_view_state", "1 for the state the view is in", ("view", "state")),
         }
         subquery = HistogramMetricFamily(
@@ -134,6 +140,7 @@ class ManagerCollector(Collector):
             c = maintainer.counters
             progress = view_progress(handle)
             where = protocol.progress()
+            load = load_status(maintainer)
             for key, value in (
                 ("received", c.updates_received),
                 ("started", c.units_started),
@@ -154,6 +161,8 @@ class ManagerCollector(Collector):
                 ("watermark", protocol.watermark),
                 ("lag_updates", progress["lag_updates"]),
                 ("lag_seconds", progress["lag_seconds"]),
+                ("load_rows", (load or {}).get("rows_staged", 0)),
+                ("load_relations", (load or {}).get("relations_staged", 0)),
             ):
                 families[key].add_metric([name], value)
             state = handle.info.state

@@ -23,12 +23,13 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from api import application_changes
 from api.docs import serve_docs_offline
+from contract.relation_snapshot import SNAPSHOT_MEDIA_TYPE, RelationSnapshot
 from contract.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 from wrappers.capture.common import reason
 from wrappers.errors import InvalidRequest, WrapperError
@@ -173,6 +174,16 @@ def create_app(wrapper: Wrapper, manager_token: str | None = None, application_t
     async def subquery(body: Subquery) -> Response:
         # Serialized once, here: FastAPI would validate the answer's every value again first.
         return Response((await wrapper.answer(body)).model_dump_json(), media_type="application/json")
+
+    @app.post(
+        "/v1/snapshot",
+        summary="A relation whole, as of a watermark, as an Arrow stream",
+        response_class=StreamingResponse,
+        responses={200: {"content": {SNAPSHOT_MEDIA_TYPE: {}}, "description": "contract/relation_snapshot.py"}},
+        dependencies=manager_only,
+    )
+    async def snapshot(body: RelationSnapshot) -> StreamingResponse:
+        return StreamingResponse(await wrapper.relation_snapshot(body), media_type=SNAPSHOT_MEDIA_TYPE)
 
     @app.put(
         "/v1/interest",

@@ -35,6 +35,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pvm.bench.workload",
         "a CH-benCHmark-style load over PostgreSQL + MariaDB + SQLite at a rate ramp: freshness, lag, CPU",
     ),
+    "load": (
+        "pvm.bench.load",
+        "a view's initial load in Spark over PostgreSQL + MariaDB + SQLite, against Spark over JDBC",
+    ),
     "abuse": (
         "pvm.bench.abuse",
         "view lag, W progress and memory of a deployment quiet, then under attack through its API",

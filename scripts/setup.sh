@@ -11,6 +11,15 @@ if ! command -v java >/dev/null 2>&1; then
   echo "setup: installing a Java runtime for Spark" >&2
   apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
+# Debian's JDBC drivers: `pvm bench load` compares with Spark reading the sources over JDBC
+jdbc=()
+[ -f /usr/share/java/postgresql.jar ] || jdbc+=(libpostgresql-jdbc-java)
+[ -f /usr/share/java/mariadb-java-client.jar ] || jdbc+=(libmariadb-java)
+[ -f /usr/share/java/sqlite-jdbc.jar ] || jdbc+=(libxerial-sqlite-jdbc-java)
+if ((${#jdbc[@]})); then
+  echo "setup: installing JDBC drivers ${jdbc[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${jdbc[@]}" >/dev/null
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV" >&2
   mkdir -p "$(dirname "$VENV")"

@@ -48,7 +48,7 @@ def test_no_wrapper_operation_answers_5xx(tmp_path: Path, capture: str) -> None:
     with FakeManager() as manager, _start(path, manager, "src", *extra) as wrapper:
         schema = schemathesis.openapi.from_url(f"{wrapper.url}/openapi.json")
         operations = [result.ok() for result in schema.get_all_operations()]
-        assert len(operations) == (5 if capture == "application" else 4)
+        assert len(operations) == (6 if capture == "application" else 5)
         failures: list[str] = []
         statuses: Counter = Counter()
         for operation in operations:

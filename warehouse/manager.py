@@ -25,10 +25,12 @@ from contract.column_types import spark_type
 from contract.schemas import CAPTURE_METHODS, Ack, Interest, RelationInterest, Update
 from contract.value_fit import Family, view_family
 from contract.zset import ZSet, row_order
+from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
 from warehouse.deltas import DeltaExtractor
+from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
@@ -123,6 +125,14 @@ def retry_status(maintainer: ViewMaintainer) -> dict[str, Any] | None:
         "error": latest.error,
         "since": min(r.since for r in retries),
     }
+
+
+def load_status(maintainer: ViewMaintainer) -> dict[str, Any] | None:
+    """How far the view's initial load in the store's engine is (phase, relations and rows
+    staged, seconds); None when no such load runs."""
+    load = maintainer.view_change.initial_load
+    progress = load.progress if load is not None else None
+    return progress.status() if progress is not None else None
 
 
 class Manager:
@@ -504,7 +514,32 @@ class Manager:
             store_types=self._output_types(plan),
             store_executor=self.blocking_executor,
         )
+        maintainer.view_change.initial_load = self._engine_load(plan, protocol)
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
+
+    def _engine_load(self, plan: ViewPlan, protocol: ViewProtocol) -> EngineLoad | None:
+        """The view's initial load in the store's engine, where the store runs joins (Spark)
+        and every source streams snapshots; None: the load runs SWEEP's subqueries."""
+        store = self.view_store
+        if not isinstance(store, LoadStore):
+            return None
+        sources: dict[str, SnapshotSource] = {}
+        for name in plan.sources:
+            client = self.clients.get(name)
+            if not isinstance(client, SnapshotSource):
+                return None
+            sources[name] = client
+        declared: list[list[str]] = []
+        for r in plan.relations:
+            rel = self.relations.get(r.source, {}).get(r.table)
+            if rel is None or len(rel.types) != len(rel.columns):
+                return None
+            declared.append([rel.types[rel.columns.index(c)] for c in r.columns])
+        why = engine_load.supports(plan, declared)
+        if why is not None:
+            log.info("view %s is loaded with subqueries: %s", plan.name, why)
+            return None
+        return EngineLoad(plan, protocol, sources, store, declared)
 
     async def _set_state(self, view: str, state: str, error: str | None) -> None:
         handle = self.views.get(view)
@@ -686,6 +721,7 @@ class Manager:
             "paused": m.paused,
             "idle": m.idle,
             "retrying": retry_status(m),
+            "load": load_status(m),
             "stalled": self.stalled(handle),
             "no_progress_seconds": round(m.seconds_without_progress(), 3),
             "updates_queued": progress.queued,

@@ -17,17 +17,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from contract.relation_snapshot import Readable, RelationSnapshot, TruncatedSnapshot
 from contract.schemas import Interest, InterestAck, Subquery, SubqueryAnswer
 
 log = logging.getLogger(__name__)
 
 SCHEMA_RETRY_SECONDS = 15.0
+SNAPSHOT_READ_SECONDS = 600.0
+"""How long a snapshot stream may stay silent: before its first batch the wrapper takes the
+snapshot and ships every change visible in it."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,23 @@ class HttpSourceClient:
     async def subquery(self, request: Subquery) -> SubqueryAnswer:
         return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", request.model_dump_json()))
 
+    @contextmanager
+    def open_snapshot(self, request: RelationSnapshot) -> Iterator[Readable]:
+        """The relation snapshot stream of ``request`` (``contract.relation_snapshot``), read
+        from the calling thread as it arrives (the initial load stages it batch by batch). A
+        4xx answer is a SourceError, a 5xx one or a stream cut short is transient."""
+        timeout = httpx.Timeout(SNAPSHOT_READ_SECONDS, connect=5.0)
+        body = request.model_dump_json()
+        with (
+            httpx.Client(headers=self._headers, timeout=timeout) as http,
+            http.stream("POST", self._base + "/v1/snapshot", content=body, headers=_JSON) as response,
+        ):
+            if response.status_code >= 300:
+                detail = _detail(response.read())
+                failed = _ServerFailed if response.status_code >= 500 else SourceError
+                raise failed(f"source {self.name!r} answered POST /v1/snapshot with {response.status_code}: {detail}")
+            yield _Chunks(self.name, response.iter_raw())
+
     async def set_interest(self, interest: Interest) -> int:
         payload = await self._call("PUT", "/v1/interest", interest.model_dump_json())
         return InterestAck.model_validate_json(payload).boundary
@@ -140,6 +164,30 @@ class HttpSourceClient:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class _Chunks:
+    """A file-like object over a response's byte chunks, for pyarrow to read from; a broken
+    connection is a TruncatedSnapshot (transient: the load is retried)."""
+
+    def __init__(self, source: str, chunks: Iterator[bytes]) -> None:
+        self._source = source
+        self._chunks = chunks
+        self._buffer = bytearray()
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            try:
+                chunk = next(self._chunks, None)
+            except httpx.HTTPError as exc:
+                raise TruncatedSnapshot(f"source {self._source!r}: the snapshot stream broke: {exc}") from exc
+            if chunk is None:
+                break
+            self._buffer += chunk
+        end = len(self._buffer) if size < 0 else min(size, len(self._buffer))
+        out = bytes(self._buffer[:end])
+        del self._buffer[:end]
+        return out
 
 
 def _detail(payload: bytes) -> str:

@@ -22,6 +22,9 @@ A view with a LEFT JOIN adds its NULL-extended rows from partner counts taken in
 compensated states (``warehouse.outer_join``; docs/protocol.md, "Outer joins"): the step
 asking the right relation counts each key's partners too, and the right relation's own term
 asks the counts of the keys its delta touches.
+
+In the Spark store the initial load does not run here but in the store's engine
+(``warehouse.engine_load``), with the same compensation: ``initial_load``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
 from warehouse import outer_join
+from warehouse.engine_load import EngineLoad
 from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
@@ -60,9 +64,13 @@ class ViewChange:
         self.plan = plan
         self.protocol = protocol
         self.sources = sources
+        self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
+        if unit.initial and self.initial_load is not None:
+            effect, stats.compensations = await self.initial_load.run(unit)
+            return effect, stats
         started = time.time()
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats

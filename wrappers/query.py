@@ -158,12 +158,7 @@ def _shape(
         prefixes=["TEMPORARY"],
     )
     relation = table.query_table()
-
-    def column(name: str) -> Any:
-        """A relation column; text under a binary collation where the dialect needs one."""
-        if dialect in _BINARY_COLLATION and source_family(table.types[table.columns.index(name)]) == "text":
-            return _Binary(relation.c[name], _BINARY_COLLATION[dialect])
-        return relation.c[name]
+    column = functools.partial(_column, table, relation, dialect)
 
     def resolve(col: Col) -> Any:
         if col.relation == KEY_RELATION:
@@ -175,14 +170,7 @@ def _shape(
         table.check_columns([col.name])
         return column(col.name)
 
-    def selected(name: str) -> Any:
-        """A selected column in its wire form: SQLite keeps an integer as it was written in
-        a float column of the replica (untyped), where the wire carries a float."""
-        if dialect == "sqlite" and checked_family(table.types[table.columns.index(name)]) == "float":
-            return sa.cast(relation.c[name], sa.Float)
-        return column(name)
-
-    selected_columns = [selected(name) for name in select]
+    selected_columns = [_selected(table, relation, dialect, name) for name in select]
     join = key_table.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
     statement = sa.select(key_table.c["_k"], *selected_columns, sa.func.count()).select_from(join)
     if where is not None:
@@ -192,6 +180,53 @@ def _shape(
         statement = statement.where(fit)
     statement = statement.group_by(key_table.c["_k"], *selected_columns)
     return QueryShape(key_table, statement)
+
+
+def _column(table: TableSchema, relation: sa.TableClause, dialect: str, name: str) -> Any:
+    """A relation column; text under a binary collation where the dialect needs one."""
+    if dialect in _BINARY_COLLATION and source_family(table.types[table.columns.index(name)]) == "text":
+        return _Binary(relation.c[name], _BINARY_COLLATION[dialect])
+    return relation.c[name]
+
+
+def _selected(table: TableSchema, relation: sa.TableClause, dialect: str, name: str) -> Any:
+    """A selected column in its wire form: SQLite keeps an integer as it was written in a
+    float column of the replica (untyped), where the wire carries a float."""
+    if dialect == "sqlite" and checked_family(table.types[table.columns.index(name)]) == "float":
+        return sa.cast(relation.c[name], sa.Float)
+    return _column(table, relation, dialect, name)
+
+
+def scan(
+    table: TableSchema,
+    alias: str,
+    where: dict[str, Any] | None,
+    select: list[str],
+    dialect: str = "sqlite",
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    affinities: bool = True,
+) -> sa.Select:
+    """The statement of a relation snapshot: every fit row of ``table`` that satisfies
+    ``where``, projected to ``select``, one result row per source row (weight one), in the
+    same wire forms and under the same collations as a subquery's answer. InvalidRequest
+    if the request names what the table does not have."""
+    if alias == KEY_RELATION:
+        raise InvalidRequest(f"alias {KEY_RELATION!r} is reserved for the keys")
+    table.check_columns(select)
+    _, condition = _clauses(None, _canonical(where), dialect)
+    relation = table.query_table()
+
+    def resolve(col: Col) -> Any:
+        if col.relation != alias:
+            raise InvalidRequest(f"unknown relation {col.relation!r} (this snapshot reads {alias!r})")
+        table.check_columns([col.name])
+        return _column(table, relation, dialect, col.name)
+
+    statement = sa.select(*(_selected(table, relation, dialect, name) for name in select)).select_from(relation)
+    if condition is not None:
+        statement = statement.where(to_sqlalchemy(condition, resolve))
+    fit = fit_clause(table, dialect, max_value_bytes, functools.partial(_column, table, relation, dialect), affinities)
+    return statement.where(fit) if fit is not None else statement
 
 
 @functools.lru_cache(maxsize=256)

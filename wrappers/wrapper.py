@@ -35,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import sqlalchemy as sa
 
+from contract.relation_snapshot import RelationSnapshot
 from contract.schemas import (
     MAX_CHANGES_PER_UPDATE,
     MAX_UPDATES_PER_POST,
@@ -50,7 +51,7 @@ from contract.schemas import (
     Subquery,
     SubqueryAnswer,
 )
-from wrappers import query
+from wrappers import query, relation_stream
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import reason
@@ -360,6 +361,32 @@ class Wrapper:
                         ) from exc
             await asyncio.sleep(wait)
             wait = min(wait * 2, 0.1)
+
+    # -- the initial load: a relation whole ---------------------------------------------------
+    async def relation_snapshot(self, request: RelationSnapshot) -> AsyncIterator[bytes]:
+        """Every row of a relation after its local predicate, as an Arrow stream as of an exact
+        watermark: the subquery handshake (snapshot, ship through it, read in it), read with
+        a server-side cursor, a batch at a time (``wrappers.relation_stream``). It takes no
+        query slot: a view's load must not hold up the subqueries of the others."""
+        table = self.schema.table(request.relation)
+        statement = query.scan(
+            table,
+            request.alias,
+            request.where,
+            request.select,
+            self.engine.dialect.name,
+            self.config.max_value_bytes,
+            self.capture.replica is None,
+        )
+        types = [table.types[table.columns.index(c)] for c in request.select]
+        async with self._lock:
+            snapshot, watermark = await self._exact_snapshot()
+            try:
+                await self._ship_pending()  # through at least the watermark
+            except BaseException:
+                snapshot.close()
+                raise
+        return relation_stream.stream(snapshot, statement, request.select, types, watermark)
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:

@@ -177,10 +177,11 @@ def wait_initialized(api: Api, name: str, timeout: float, interval: float = 0.5)
         task = progress.add_task(f"materializing {name}", total=None)
         while True:
             view = api.get(f"/v1/views/{name}")
+            loading = f", {load_line(view['load'])}" if view.get("load") else ""
             progress.update(
                 task,
-                description=f"materializing {name}: {view['state']}, {view['updates_queued']} updates queued, "
-                f"{view['units_running']} running",
+                description=f"materializing {name}: {view['state']}{loading}, {view['updates_queued']} updates "
+                f"queued, {view['units_running']} running",
             )
             if view["state"] != "initializing":
                 progress.update(
@@ -195,9 +196,24 @@ def wait_initialized(api: Api, name: str, timeout: float, interval: float = 0.5)
             time.sleep(interval)
 
 
+def load_line(load: dict) -> str:
+    """A running initial load for a person.
+
+    >>> load_line({"phase": "staging", "relations": 3, "relations_staged": 1, "rows_staged": 120000,
+    ...            "percent": 33.3, "seconds": 4.2})
+    'staging: 1 of 3 relations (33%), 120,000 rows, 4 s'
+    """
+    return (
+        f"{load['phase']}: {load['relations_staged']} of {load['relations']} relations ({load['percent']:.0f}%), "
+        f"{load['rows_staged']:,} rows, {load['seconds']:.0f} s"
+    )
+
+
 def _trouble(view: dict) -> list[tuple[str, str]]:
     """Lines for a view retrying a transient fault or stalled (absent from older managers)."""
     lines = []
+    if load := view.get("load"):
+        lines.append(("loading", load_line(load)))
     if retry := view.get("retrying"):
         lines.append(("retrying", f"{retry['steps']} step(s), attempt {retry['attempts']}: {retry['error']}"))
     if view.get("stalled"):

@@ -111,6 +111,7 @@ class SparkStore:
         self._retire_after_s = retire_after_s
         self._retired: list[tuple[float, tuple[tuple[str, ...], tuple[str, ...]]]] = []
         self._root = Path(data_dir).resolve() / "views"
+        self._staging = Path(data_dir).resolve() / "staging"
         self._catalog = catalog or JsonStoreCatalog(Path(data_dir) / "store-catalog.json")
         self._lock = threading.Lock()  # guards the _views dict and the listeners only
         self._views: dict[str, _View] = {}
@@ -215,6 +216,8 @@ class SparkStore:
             name = f"{VERSIONS_DB}.{table.name}"
             if match and match.group(2).lower() in names and name.lower() not in current:
                 self._drop_tables(name)
+        # No load runs before the store is open: whatever is staged is a dead run's.
+        shutil.rmtree(self._staging, ignore_errors=True)
         if not self._root.is_dir():
             return
         for view_dir in self._root.iterdir():
@@ -357,6 +360,7 @@ class SparkStore:
             self._drop_tables(self.zlog_table(view), self.base_table(view), *self._version_tables(view, state.meta))
             self._catalog.delete(view)
             shutil.rmtree(self._root / view, ignore_errors=True)
+            shutil.rmtree(self._staging / view, ignore_errors=True)
 
     def commit(self, view: str, effects: Sequence[Effect]) -> None:
         """One Spark append for the whole group: a Spark job costs far more than its rows."""
@@ -371,6 +375,28 @@ class SparkStore:
                 # the version table: the stable one moves only after a compaction's swap
                 frame.coalesce(1).write.insertInto(self._version_tables(view, state.meta)[1])
                 state.zlog_orders.update(fresh)
+
+    def staging_dir(self, view: str) -> Path:
+        """Where a view's initial load stages its relations (``warehouse.engine_load``): beside
+        the view's tables, so wherever Spark reads those it reads these."""
+        return self._staging / view
+
+    def load(self, view: str, order: int, query: str) -> bool:
+        """Append the rows of ``query`` (the view's columns, then ``_w``) to the z-log as order
+        ``order``, in one Spark job, with the all-NULL row of weight 0 that marks an order
+        committed even when it adds nothing (as ``commit`` writes for an empty effect).
+        False, and nothing written, if the z-log holds the order already. The append is the
+        commit: its files appear together when the job commits, or not at all."""
+        with self._hold(view) as state:
+            if state.committed(order):
+                return False
+            marker = ", ".join(["NULL"] * len(state.meta.columns))
+            self._spark.sql(
+                f"INSERT INTO {self._version_tables(view, state.meta)[1]} "
+                f"SELECT *, {int(order)}L FROM ({query}) UNION ALL SELECT {marker}, 0L, {int(order)}L"
+            )
+            state.zlog_orders.add(order)
+            return True
 
     def publish(self, view: str, watermark: int) -> None:
         """Record W: readers' default state (``PublishedViews`` shows it to analysts)."""

@@ -1,0 +1,343 @@
+"""``pvm bench load``: materializing a view over large relations, against Spark over JDBC.
+
+For each ``--rows`` N, three sources of N rows each, PostgreSQL, MariaDB and SQLite, each
+behind its wrapper process with trigger capture, and a three-way join view over them
+(``pvm.bench.three_sources.VIEW``, keys chosen so the join has about N rows):
+
+* **pvm**: the view defined in the Spark store, from ``define`` to active (the initial
+  load in Spark: relation snapshots streamed from the wrappers as Arrow, staged as
+  Parquet, joined by Spark; ``warehouse.engine_load``), with the manager's peak RSS,
+  sampled every 50 ms while it runs (the manager is this process; Spark's JVM is
+  another);
+* **jdbc**: what a Spark user would run instead: the three tables read by Spark over JDBC
+  (Debian's drivers, passed with ``spark.jars``) and the view's SQL over them, written as
+  Parquet. It is skipped, with the reason, when the drivers are missing (``bash
+  scripts/setup.sh`` installs them) or the Spark session was started without them.
+
+Goals (measured, not tested): at 1,000,000 rows the view materializes in at most 1.5 times
+the JDBC recompute's time, and the manager stays under 1 GiB RSS at every N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from pvm.bench.spark_deployment import measured, write_figures
+from pvm.cli import CliError
+
+DEFAULT_ROWS = "10000,100000,1000000"
+JARS = ("postgresql.jar", "mariadb-java-client.jar", "sqlite-jdbc.jar")
+JAR_DIR = Path("/usr/share/java")
+DRIVERS = {"pg": "org.postgresql.Driver", "my": "org.mariadb.jdbc.Driver", "lite": "org.sqlite.JDBC"}
+GOALS = {"time_vs_jdbc": 1.5, "manager_rss_mib": 1024}
+INSERT_CHUNK = 20_000
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from pvm.bench.capture import MARIADB_URL, PG_URL
+
+    parser.add_argument(
+        "--rows", default=DEFAULT_ROWS, help=f"rows per source, comma-separated sizes (default: {DEFAULT_ROWS})"
+    )
+    parser.add_argument("--pg-url", default=PG_URL, help=f"PostgreSQL server to use (default: {PG_URL})")
+    parser.add_argument("--mariadb-url", default=MARIADB_URL, help=f"MariaDB server to use (default: {MARIADB_URL})")
+    parser.add_argument("--skip-jdbc", action="store_true", help="measure the view's load only")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where sources, catalog and Spark files go (default: a temporary directory)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here, and a PNG plot beside")
+    parser.add_argument("--seed", type=int, default=1)
+
+
+def sizes(text: str) -> list[int]:
+    """``--rows``: positive sizes.
+
+    >>> sizes("10,1000"), sizes(" 5 ")
+    ([10, 1000], [5])
+    """
+    try:
+        out = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise CliError(f"--rows takes comma-separated row counts, not {text!r}") from None
+    if not out or min(out) < 1:
+        raise CliError("--rows: every size must be at least 1")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    args.sizes = sizes(args.rows)
+    figures = measured(args, "pvm-bench-load-", measure)
+    report(figures)
+    write_figures(args.json, figures, plot)
+    return 0
+
+
+def jars() -> list[Path]:
+    return [JAR_DIR / jar for jar in JARS if (JAR_DIR / jar).exists()]
+
+
+def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    from rich.console import Console
+
+    from pvm.local_deployment import catalog_url
+    from pvm.serve import open_store
+
+    console = Console(stderr=True)
+    drivers = jars()
+    with console.status("starting Spark"):
+        conf = {"spark.jars": ",".join(map(str, drivers))} if drivers else None
+        store = open_store("spark", data_dir, None, catalog_url(data_dir), spark_conf=conf)
+    runs = []
+    for n in args.sizes:
+        run_dir = data_dir / f"rows-{n}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runs.append(asyncio.run(one_size(args, n, run_dir, store, console)))
+    return {"machine": {"cores": os.cpu_count()}, "runs": runs, "goals": GOALS}
+
+
+async def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, console: Any) -> dict[str, Any]:
+    from pvm.bench.capture import scratch_sources
+    from pvm.bench.three_sources import sqlite_file
+
+    with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
+        urls = {"pg": pg, "my": my, "lite": sqlite_file(run_dir / "lite.db")}
+        with console.status(f"{n:,} rows per source: filling PostgreSQL, MariaDB and SQLite"):
+            for source, url in urls.items():
+                await asyncio.to_thread(populate, source, url, n, random.Random(f"{args.seed}-{source}"))
+        figures: dict[str, Any] = {"rows": n, "pvm": await load_view(urls, run_dir, store, console, n)}
+        if not args.skip_jdbc:
+            with console.status(f"{n:,} rows per source: the same view in Spark over JDBC"):
+                figures["jdbc"] = await asyncio.to_thread(jdbc_recompute, store.spark, urls, run_dir / "jdbc")
+        return figures
+
+
+def rows_of(table: str, n: int, rng: random.Random) -> Iterator[tuple[Any, ...]]:
+    """Rows whose join keys match one to one (``b`` and ``c`` follow ``id``), so the view has
+    about as many rows as the sources less what its local predicates leave out."""
+    for i in range(1, n + 1):
+        if table == "r":
+            yield (i, i, rng.choice(("n1", "n2", "x")))
+        elif table == "s":
+            yield (i, i, i)
+        else:
+            yield (i, i, rng.choice(("d1", "d2", "hidden")))
+
+
+def populate(source: str, url: str, n: int, rng: random.Random) -> None:
+    """The source's table of the view with ``n`` rows, inserted in chunks (the benchmark's own
+    memory stays flat)."""
+    from pvm.bench.three_sources import TABLES
+
+    table, ddl, columns = TABLES[source]
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(ddl)
+        insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+        if source == "lite":
+            insert = insert.replace("%s", "?")
+        rows = rows_of(table, n, rng)
+        while chunk := [row for _, row in zip(range(INSERT_CHUNK), rows)]:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(insert, chunk)
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def peak_rss(every: float = 0.05) -> Iterator[dict[str, float]]:
+    """This process's peak resident set size (MiB) while the block runs, sampled from /proc
+    (``pvm.bench.abuse.rss_bytes``) every ``every`` seconds."""
+    from pvm.bench.abuse import rss_bytes
+
+    def rss() -> float:
+        return (rss_bytes(os.getpid()) or 0) / 2**20
+
+    out = {"start_mib": rss()}
+    out["peak_mib"] = out["start_mib"]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every):
+            out["peak_mib"] = max(out["peak_mib"], rss())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join()
+        out["peak_mib"] = max(out["peak_mib"], rss())
+
+
+async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: Any, n: int) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pvm.bench.three_sources import TABLES, VIEW, WrapperSet
+    from pvm.local_deployment import LocalDeployment
+
+    async with LocalDeployment(run_dir, store) as deployment:
+        wrappers = WrapperSet(deployment)
+        for source, url in urls.items():
+            await wrappers.add(source, url, [TABLES[source][0]], capture="trigger")
+        manager = deployment.manager
+        name = f"load_{n}"
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console, transient=True) as progress, peak_rss() as rss:
+            task = progress.add_task(f"{n:,} rows per source: loading the view", total=100)
+            started = time.perf_counter()
+            await manager.define_view(VIEW, name)
+            seen = {"defined": time.perf_counter()}  # when each phase was first seen
+            while manager.view(name).info.state == "initializing" and manager.view(name).maintainer.failed is None:
+                status = manager.status(name)
+                load = status.get("load") or {}
+                phase = load.get("phase", "committing" if "staging" in seen else "starting")
+                seen.setdefault(phase, time.perf_counter())
+                progress.update(
+                    task,
+                    completed=load.get("percent", 0.0),
+                    description=f"{n:,} rows per source: {load.get('phase', 'loading')}, "
+                    f"{load.get('rows_staged', 0):,} rows staged",
+                )
+                await asyncio.sleep(0.1)
+            seconds = time.perf_counter() - started
+            seen["active"] = time.perf_counter()
+        handle = manager.view(name)
+        if handle.maintainer.failed is not None:
+            raise CliError(f"the view failed to load: {handle.maintainer.failed}")
+        engine = handle.maintainer.view_change.initial_load is not None
+        rows = await asyncio.to_thread(row_count, store, name)
+        await manager.drop_view(name)
+    return {
+        "seconds": round(seconds, 3),
+        "rows_per_s": round(3 * n / seconds, 1),
+        "view_rows": rows,
+        "manager_rss_start_mib": round(rss["start_mib"], 1),
+        "manager_rss_peak_mib": round(rss["peak_mib"], 1),
+        "engine_load": engine,
+        # seconds from define to the first sight of each phase (polled every 0.1 s)
+        "phases": {phase: round(at - started, 2) for phase, at in seen.items()},
+    }
+
+
+def row_count(store: Any, view: str) -> int:
+    """Rows of the view (its weights summed), counted by Spark: the view is never collected
+    into this process."""
+    tables = (store.base_table(view), store.zlog_table(view))
+    total = store.spark.sql(" UNION ALL ".join(f"SELECT _w FROM {t}" for t in tables)).agg({"_w": "sum"})
+    return int(total.collect()[0][0] or 0)
+
+
+def jdbc_url(url: str) -> str:
+    """A SQLAlchemy URL of the benchmark's sources as a JDBC URL.
+
+    >>> jdbc_url("postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3Dx")
+    'jdbc:postgresql://127.0.0.1:5432/test?currentSchema=x&user=postgres'
+    >>> jdbc_url("mysql+pymysql://root@127.0.0.1:3306/db"), jdbc_url("sqlite:////tmp/a.db")
+    ('jdbc:mysql://127.0.0.1:3306/db?permitMysqlScheme&user=root', 'jdbc:sqlite:/tmp/a.db')
+    """
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return f"jdbc:sqlite:{parsed.database}"
+    user = f"user={parsed.username}" + (f"&password={parsed.password}" if parsed.password else "")
+    if parsed.get_backend_name() == "postgresql":
+        options = str(parsed.query.get("options", ""))
+        schema = options.split("search_path=", 1)[1] if "search_path=" in options else "public"
+        return f"jdbc:postgresql://{parsed.host}:{parsed.port or 5432}/{parsed.database}?currentSchema={schema}&{user}"
+    # the mysql scheme: Spark quotes names for MySQL only there (its default dialect's double
+    # quotes are string literals to MariaDB); Connector/J takes it with permitMysqlScheme
+    return f"jdbc:mysql://{parsed.host}:{parsed.port or 3306}/{parsed.database}?permitMysqlScheme&{user}"
+
+
+def jdbc_recompute(spark: Any, urls: dict[str, str], out: Path) -> dict[str, Any]:
+    """The view recomputed by Spark from the three sources over JDBC, written as Parquet; or
+    why it could not be."""
+    from pvm.bench.three_sources import TABLES, VIEW
+
+    missing = [jar for jar in JARS if not (JAR_DIR / jar).exists()]
+    if missing:
+        return {"skipped": f"JDBC drivers missing in {JAR_DIR}: {', '.join(missing)} (bash scripts/setup.sh)"}
+    loaded = spark.sparkContext.getConf().get("spark.jars", "")
+    if not all(jar in loaded for jar in JARS):
+        return {"skipped": "the Spark session was started without the JDBC drivers in spark.jars"}
+    started = time.perf_counter()
+    try:
+        for source, url in urls.items():
+            table = TABLES[source][0]
+            reader = spark.read.format("jdbc").option("url", jdbc_url(url)).option("driver", DRIVERS[source])
+            reader.option("dbtable", table).load().createOrReplaceTempView(f"bench_jdbc_{table}")
+        sql = VIEW
+        for source, (table, _, _) in TABLES.items():
+            sql = sql.replace(f"{source}.{table}", f"bench_jdbc_{table} {table}")
+        spark.sql(sql).write.mode("overwrite").parquet(str(out))
+    except Exception as exc:  # the load's figures are kept; the failure is reported with them
+        return {"skipped": f"Spark over JDBC failed: {' '.join(str(exc).split())[:300]}"}
+    seconds = time.perf_counter() - started
+    rows = spark.read.parquet(str(out)).count()
+    return {"seconds": round(seconds, 3), "view_rows": rows}
+
+
+def report(figures: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="materializing a 3-source view in Spark")
+    for column in ("rows/source", "view rows", "pvm s", "rows/s", "manager RSS peak", "JDBC s", "pvm/JDBC"):
+        table.add_column(column, justify="right")
+    for run in figures["runs"]:
+        pvm, jdbc = run["pvm"], run.get("jdbc", {})
+        ratio = f"{pvm['seconds'] / jdbc['seconds']:.2f}" if "seconds" in jdbc else "-"
+        table.add_row(
+            f"{run['rows']:,}",
+            f"{pvm['view_rows']:,}",
+            f"{pvm['seconds']:.2f}",
+            f"{pvm['rows_per_s']:,.0f}",
+            f"{pvm['manager_rss_peak_mib']:.0f} MiB",
+            f"{jdbc['seconds']:.2f}" if "seconds" in jdbc else jdbc.get("skipped", "-")[:40],
+            ratio,
+        )
+    Console().print(table)
+
+
+def plot(figures: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = figures["runs"]
+    n = [r["rows"] for r in runs]
+    fig, (time_ax, rss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    time_ax.plot(n, [r["pvm"]["seconds"] for r in runs], "o-", label="pvm: engine-side initial load")
+    timed = [r for r in runs if "seconds" in r.get("jdbc", {})]
+    if timed:
+        time_ax.plot([r["rows"] for r in timed], [r["jdbc"]["seconds"] for r in timed], "s--", label="Spark over JDBC")
+    time_ax.set(xscale="log", yscale="log", xlabel="rows per source", ylabel="seconds", title="time to materialize")
+    time_ax.legend()
+    rss_ax.plot(n, [r["pvm"]["manager_rss_peak_mib"] for r in runs], "o-", label="manager peak RSS")
+    rss_ax.axhline(GOALS["manager_rss_mib"], color="grey", linestyle=":", label="goal: 1 GiB")
+    rss_ax.set(xscale="log", xlabel="rows per source", ylabel="MiB", title="manager memory")
+    rss_ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)

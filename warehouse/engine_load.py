@@ -1,0 +1,299 @@
+"""The initial load of a view in the Spark store: relation snapshots joined by Spark.
+
+The SWEEP initial load sends every row of every relation through the manager's Python
+objects. Here each wrapper streams one relation whole (after its local predicate, the
+view's columns only) as of a watermark ``w_j`` (``contract.relation_snapshot``, the same
+handshake as a subquery); the manager writes each record batch to a Parquet file as it
+arrives, and Spark joins the staged relations and appends the result to the view's z-log
+with the load's order number, in one job. No row of a relation passes through a Python
+object of the manager, and memory does not grow with the relations.
+
+Correctness is the SWEEP load's (docs/protocol.md, "The initial load in Spark"): the load
+is a unit whose answers are the snapshots. The snapshot of relation ``j`` reflects its
+source's updates with ``seq <= w_j``, and those ordered after the load (every update the
+view has queued, and those of units numbered after it) must not be reflected: the
+protocol names them (``concurrent_deltas``, the same call a subquery's answer makes) and
+their deltas are staged beside the snapshot with negated weights. Spark joins Z-sets, so
+relation ``j`` is ``R_j(w_j) − Σ ΔR_j = R_j`` as of the load's order, and the join of the
+corrected relations is the view as of the load, exactly.
+
+The z-log append is the commit of the load's effect: the effect handed to the commit
+manager is empty, and a load run again (after a fault or a restart) whose order the store
+already holds stages nothing. A stream cut short (``TruncatedSnapshot``) is a lost
+connection: the load is retried from scratch, and nothing of a partial stream reaches the
+view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contract import expr
+from contract.column_types import spark_type
+from contract.expr import Cmp, Col
+from contract.relation_snapshot import (
+    Readable,
+    RelationSnapshot,
+    SnapshotReader,
+    SnapshotStreamError,
+    arrow_type,
+    encode_batch,
+)
+from contract.zset import ZSet, total
+from warehouse.plan import ViewPlan
+from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
+
+WEIGHT = "_w"
+ORDER = "_order"
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """A source client that streams relation snapshots (``warehouse.sources.HttpSourceClient``)."""
+
+    def open_snapshot(self, request: RelationSnapshot) -> AbstractContextManager[Readable]:
+        """The snapshot stream's bytes, read from the calling thread."""
+        ...
+
+
+@runtime_checkable
+class LoadStore(Protocol):
+    """A store that runs the load's join itself (``warehouse.store.spark.SparkStore``)."""
+
+    def staging_dir(self, view: str) -> Path:
+        """Where staged relations go: a directory the store's engine reads."""
+        ...
+
+    def load(self, view: str, order: int, query: str) -> bool:
+        """Append the rows of ``query`` (view columns, ``_w``) to the view's z-log as order
+        ``order`` in one job; False if the store holds that order already."""
+        ...
+
+    def committed_orders(self, view: str) -> set[int]: ...
+
+
+@dataclass
+class LoadProgress:
+    """How far a running load is, for the view's status and its gauges."""
+
+    relations: int
+    started_at: float = field(default_factory=time.time)
+    phase: str = "staging"  # staging the relations, then "joining" in the engine
+    staged: int = 0  # relations staged whole
+    rows: dict[int, int] = field(default_factory=dict)  # rows received, by relation position
+
+    def status(self) -> dict[str, object]:
+        return {
+            "phase": self.phase,
+            "relations": self.relations,
+            "relations_staged": self.staged,
+            "rows_staged": sum(self.rows.values()),
+            "percent": round(100.0 * self.staged / self.relations, 1) if self.relations else 100.0,
+            "seconds": round(time.time() - self.started_at, 1),
+        }
+
+
+def supports(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> str | None:
+    """Why the engine cannot load this view (None: it can). Spark evaluates the join, so the
+    join must mean in Spark what it means in ``contract.expr``: only equalities of two
+    columns of one type family, each integer, text or boolean (floats have NaN and -0.0,
+    untyped columns compare as JSON text). ``declared[j]``: the declared types of relation
+    ``j``'s columns, in the plan's order. The engine's join yields body rows with plain
+    weights: a view that keeps per-group sums (aggregates, DISTINCT) or adds NULL-extended
+    rows (a LEFT JOIN) is loaded by subqueries, which apply those operators."""
+    if plan.summary is not None:
+        return "an aggregate or DISTINCT view keeps per-group sums, which the engine's join does not compute"
+    if plan.outer is not None:
+        return "a LEFT JOIN's NULL-extended rows are not computed by the engine's join"
+    position = {r.alias: j for j, r in enumerate(plan.relations)}
+
+    def declared_type(c: Col) -> str | None:
+        j = position[c.relation]
+        return spark_type(declared[j][plan.relations[j].columns.index(c.name)])
+
+    for conjunct in plan.join:
+        if not (
+            isinstance(conjunct, Cmp)
+            and conjunct.op == "="
+            and isinstance(conjunct.left, Col)
+            and isinstance(conjunct.right, Col)
+        ):
+            return f"join predicate {conjunct!r} is not an equality of two columns"
+        types = {declared_type(c) for c in (conjunct.left, conjunct.right)}
+        if len(types) != 1 or next(iter(types)) not in ("BIGINT", "STRING", "BOOLEAN"):
+            return f"join predicate {conjunct!r} compares columns of types {sorted(map(str, types))}"
+    return None
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def join_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]]) -> str:
+    """The load's Spark SQL: the view's join over the staged relations (``relations[j]``:
+    the snapshot's Parquet path and its compensation's, if any), weights multiplied and
+    summed per output row.
+
+    >>> from warehouse.plan import OutputColumn, RelationRef
+    >>> r = RelationRef("r", "s1", "r", ("a", "b"))
+    >>> s = RelationRef("s", "s2", "s", ("b",))
+    >>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "b"), Col("s", "b")),), (OutputColumn("a", Col("r", "a")),))
+    >>> print(join_sql(plan, [("/st/r0", None), ("/st/r1", "/st/c1")]))
+    SELECT r0.`a`, SUM(r0._w * r1._w) AS _w
+    FROM (SELECT `a`, `b`, 1L AS _w FROM parquet.`/st/r0`) r0,
+    (SELECT `b`, 1L AS _w FROM parquet.`/st/r1` UNION ALL SELECT `b`, _w FROM parquet.`/st/c1`) r1
+    WHERE r0.`b` = r1.`b`
+    GROUP BY r0.`a`
+    HAVING SUM(r0._w * r1._w) <> 0
+    """
+    position = {r.alias: j for j, r in enumerate(plan.relations)}
+
+    def column(c: Col) -> str:
+        return f"r{position[c.relation]}.{_ident(c.name)}"
+
+    parts = []
+    for j, (relation, (snapshot, compensation)) in enumerate(zip(plan.relations, relations, strict=True)):
+        cols = ", ".join(_ident(c) for c in relation.columns)
+        source = f"SELECT {cols}, 1L AS {WEIGHT} FROM parquet.{_ident(snapshot)}"
+        if compensation is not None:
+            source += f" UNION ALL SELECT {cols}, {WEIGHT} FROM parquet.{_ident(compensation)}"
+        parts.append(f"({source}) r{j}")
+    outputs = ", ".join(column(o.column) for o in plan.outputs)
+    weight = " * ".join(f"r{j}.{WEIGHT}" for j in range(len(plan.relations)))
+    where = " AND ".join(f"{column(c.left)} = {column(c.right)}" for c in plan.join if isinstance(c, Cmp))  # type: ignore[arg-type]
+    return (
+        f"SELECT {outputs}, SUM({weight}) AS {WEIGHT}\nFROM "
+        + ",\n".join(parts)
+        + "\n"
+        + (f"WHERE {where}\n" if where else "")
+        + f"GROUP BY {outputs}\nHAVING SUM({weight}) <> 0"
+    )
+
+
+def stage(
+    stream: Readable, path: Path, columns: Sequence[str], declared: Sequence[str], progress: dict[int, int], j: int
+) -> tuple[int, pa.Schema]:
+    """Write one snapshot stream to ``path`` (Parquet) a batch at a time; its watermark and
+    schema. SnapshotStreamError if its columns are not those asked, in the types the view
+    expects; TruncatedSnapshot if it was cut short (the file is then incomplete: the caller
+    throws the whole staging away)."""
+    reader = SnapshotReader(stream)
+    expected = [(c, arrow_type(t)) for c, t in zip(columns, declared, strict=True)]
+    got = [(f.name, f.type) for f in reader.schema]
+    if got != expected:
+        raise SnapshotStreamError(f"the snapshot has columns {got}, the view expects {expected}")
+    with pq.ParquetWriter(path, reader.schema.remove_metadata()) as writer:
+        for batch in reader.batches():
+            writer.write_batch(batch)
+            progress[j] = reader.rows
+    return reader.watermark, reader.schema
+
+
+class EngineLoad:
+    """Runs a view's initial load unit through the store's engine."""
+
+    def __init__(
+        self,
+        plan: ViewPlan,
+        protocol: ViewProtocol,
+        sources: Mapping[str, SnapshotSource],
+        store: LoadStore,
+        declared: Sequence[Sequence[str]],
+    ) -> None:
+        """``declared[j]``: relation ``j``'s declared column types, in the order of its
+        columns in ``plan`` (what the streams' types follow)."""
+        self.plan = plan
+        self.protocol = protocol
+        self.sources = sources
+        self.store = store
+        self.declared = declared
+        self.progress: LoadProgress | None = None
+
+    async def run(self, unit: Unit) -> tuple[ZSet, int]:
+        """Load the view as of ``unit`` (the initial unit) into the store. Returns the empty
+        effect (the store holds the load already) and how many updates were compensated."""
+        assert unit.initial
+        name = self.plan.name
+        if unit.order in await asyncio.to_thread(self.store.committed_orders, name):
+            return ZSet(), 0  # appended before a crash or a failed commit record
+        root = self.store.staging_dir(name)
+        for old in root.glob(f"order-{unit.order}-*"):  # an earlier run's: nothing of it is of use
+            shutil.rmtree(old, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        # A directory of this run's own: a thread of a run that was cancelled cannot be
+        # stopped, and may still be writing to its files.
+        staging = Path(tempfile.mkdtemp(prefix=f"order-{unit.order}-", dir=root))
+        self.progress = progress = LoadProgress(len(self.plan.relations))
+        try:
+            # every stream runs to its end or its fault before the staging goes
+            results = await asyncio.gather(
+                *(self._stage(j, staging) for j in range(len(self.plan.relations))), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            staged = [r for r in results if not isinstance(r, BaseException)]
+            # Every update a snapshot reflects was received before its stream began (the
+            # handshake), and none leaves the protocol while the load runs (it is the oldest
+            # unit): asking now names exactly what each snapshot must not reflect.
+            files: list[tuple[str, str | None]] = []
+            compensated = 0
+            for j, (path, watermark, schema) in enumerate(staged):
+                compensation, count = self._compensation(unit, j, watermark, schema, staging)
+                files.append((str(path), compensation))
+                compensated += count
+            progress.phase = "joining"
+            await asyncio.to_thread(self.store.load, name, unit.order, join_sql(self.plan, files))
+        finally:
+            self.progress = None
+            shutil.rmtree(staging, ignore_errors=True)
+        return ZSet(), compensated
+
+    async def _stage(self, j: int, staging: Path) -> tuple[Path, int, pa.Schema]:
+        relation = self.plan.relations[j]
+        request = RelationSnapshot(
+            relation=relation.table,
+            alias=relation.alias,
+            where=expr.to_wire(relation.where) if relation.where is not None else None,
+            select=list(relation.columns),
+        )
+        path = staging / f"r{j}.parquet"
+        progress = self.progress
+        assert progress is not None
+
+        def fetch() -> tuple[int, pa.Schema]:
+            with self.sources[relation.source].open_snapshot(request) as stream:
+                return stage(stream, path, relation.columns, self.declared[j], progress.rows, j)
+
+        watermark, schema = await asyncio.to_thread(fetch)
+        progress.staged += 1
+        return path, watermark, schema
+
+    def _compensation(
+        self, unit: Unit, j: int, watermark: int, schema: pa.Schema, staging: Path
+    ) -> tuple[str | None, int]:
+        """The deltas of relation ``j`` that its snapshot reflects but the load must not,
+        with negated weights, as a Parquet file (None: there are none), and how many
+        updates they come from."""
+        relation = self.plan.relations[j]
+        concurrent = self.protocol.concurrent_deltas(unit, INITIAL_TERM, j, relation.source, watermark)
+        deltas = total(concurrent)
+        if not deltas:
+            return None, len(concurrent)
+        rows, weights = zip(*deltas.items())
+        batch = encode_batch(schema, rows, [-w for w in weights])
+        path = staging / f"c{j}.parquet"
+        fields = [pa.field(f.name, f.type) for f in schema] + [pa.field(WEIGHT, pa.int64())]
+        pq.write_table(pa.Table.from_batches([batch], pa.schema(fields)), path)
+        return str(path), len(concurrent)
