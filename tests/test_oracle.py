@@ -296,20 +296,77 @@ def read_view(manager: Manager, view: str, as_of: int | None = None) -> ZSet:
     return stored if summary is None else visible(summary, stored)
 
 
-@pytest.mark.parametrize("seed", range(SCHEDULES))
-def test_schedule_matches_recomputation(tmp_path, seed):
-    outcome = schedule(tmp_path, seed)
-    replay = f"replay: pytest 'tests/test_oracle.py::test_schedule_matches_recomputation[{seed}]'"
+@dataclass(frozen=True)
+class Shape:
+    """Views of one shape the oracle runs ``schedules`` schedules of (seeds from
+    ``first_seed``), and how much concurrency ten of them (from ``busy_seed``) must show."""
+
+    views: dict[str, str]
+    schedules: int
+    first_seed: int
+    busy_seed: int
+    compensations: int  # at least, over the ten busy schedules
+    out_of_order: int  # schedules that commit out of order, at least
+
+
+SHAPES = {
+    "spj": Shape(VIEWS, SCHEDULES, 0, 1000, compensations=100, out_of_order=3),
+    # GROUP BY with every aggregate (extremes deleted often: a domain of 4 values), no GROUP
+    # BY, HAVING, DISTINCT (docs/aggregates.md)
+    "aggregate": Shape(AGGREGATE_VIEWS, 60, 0, 1000, compensations=50, out_of_order=2),
+    # a table under two aliases: every update of it is an update of both positions,
+    # maintained as the chain rule's terms in position order (docs/protocol.md, "Self-joins")
+    "self_join": Shape(SELF_JOIN_VIEWS, 60, 9000, 9000, compensations=50, out_of_order=3),
+    # NULL-extended rows appear and go as partners come and go (docs/protocol.md, "Outer joins")
+    "outer_join": Shape(OUTER_JOIN_VIEWS, 60, 11000, 11000, compensations=50, out_of_order=3),
+}
+BROKEN = {  # what the oracle must catch, for every shape
+    "compensation": lambda: (WithoutCompensation, None),
+    "retention": lambda: (WithoutRetention, None),
+    "signed_counts": lambda: (None, ClampingStore()),
+}
+
+
+@pytest.mark.parametrize(
+    ("shape", "seed"),
+    [
+        (name, seed)
+        for name, shape in SHAPES.items()
+        for seed in range(shape.first_seed, shape.first_seed + shape.schedules)
+    ],
+)
+def test_schedule_matches_recomputation(tmp_path, shape, seed):
+    """Every view as of every W equals its recomputation from the sources at the states its
+    units describe (for an aggregate: the body, then the aggregate straight from that bag)."""
+    outcome = schedule(tmp_path, seed, views=SHAPES[shape].views)
+    replay = f"replay: pytest 'tests/test_oracle.py::test_schedule_matches_recomputation[{shape}-{seed}]'"
     assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
     assert all(w >= 1 for w in outcome.watermarks.values())
 
 
-def test_schedules_exercise_concurrency(tmp_path):
+@pytest.mark.parametrize("shape", SHAPES)
+def test_schedules_exercise_concurrency(tmp_path, shape):
     """The workload is concurrent enough that compensation happens and effects commit out
-    of order, in virtual time as on the wall clock."""
-    outcomes = [schedule(tmp_path, 1000 + seed) for seed in range(10)]
-    assert sum(o.compensations for o in outcomes) > 100
-    assert sum(o.out_of_order for o in outcomes) >= 3
+    of order, in virtual time as on the wall clock, for every shape."""
+    s = SHAPES[shape]
+    outcomes = [schedule(tmp_path, s.busy_seed + seed, views=s.views) for seed in range(10)]
+    assert sum(o.compensations for o in outcomes) > s.compensations
+    assert sum(o.out_of_order for o in outcomes) >= s.out_of_order
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_oracle_fails_when_the_protocol_is_broken(tmp_path, shape, broken):
+    """Switching compensation, retention or signed counts off fails some schedule of every
+    shape; the same schedule passes with them on (with signed counts: the same bookkeeping,
+    unclamped), so the failure is the broken protocol's. Clamped group counts, applied in
+    commit order, lose a group when a delete commits before its insert."""
+    views = SHAPES[shape].views
+    seed = first_failure(tmp_path, BROKEN[broken], views=views)
+    assert seed is not None
+    store = ClampingStoreOff() if broken == "signed_counts" else None
+    outcome = schedule(tmp_path, seed, store=store, views=views)
+    assert not outcome.mismatches, outcome.mismatches
 
 
 def test_adaptive_batching_matches_recomputation(tmp_path):
@@ -436,26 +493,6 @@ def first_failure(tmp_path, make, attempts: int = 60, views: dict[str, str] = VI
     return None
 
 
-def test_oracle_fails_without_compensation(tmp_path):
-    seed = first_failure(tmp_path, lambda: (WithoutCompensation, None))
-    assert seed is not None
-    assert schedule(tmp_path, seed).mismatches == []  # the failure is the broken protocol's
-
-
-def test_oracle_fails_without_retention(tmp_path):
-    seed = first_failure(tmp_path, lambda: (WithoutRetention, None))
-    assert seed is not None
-    assert schedule(tmp_path, seed).mismatches == []
-
-
-def test_oracle_fails_without_signed_counts(tmp_path):
-    seed = first_failure(tmp_path, lambda: (None, ClampingStore()))
-    assert seed is not None
-    # the same schedule with signed counts is right: the failure is the clamping's
-    outcome = schedule(tmp_path, seed, store=ClampingStoreOff())
-    assert not outcome.mismatches, outcome.mismatches
-
-
 class ClampingStoreOff(ClampingStore):
     """The same bookkeeping with signed counts kept: must pass where clamping failed."""
 
@@ -466,49 +503,6 @@ class ClampingStoreOff(ClampingStore):
 
     def read(self, view, as_of=None) -> ZSet:
         return self.current[view].copy()
-
-
-# -- aggregate and DISTINCT views ----------------------------------------------------------------
-AGGREGATE_SCHEDULES = 60
-
-
-@pytest.mark.parametrize("seed", range(AGGREGATE_SCHEDULES))
-def test_aggregate_schedule_matches_recomputation(tmp_path, seed):
-    """Aggregate, HAVING and DISTINCT views as of every W equal their recomputation: the
-    body from the sources as of W, then the aggregate straight from that bag."""
-    outcome = schedule(tmp_path, seed, views=AGGREGATE_VIEWS)
-    replay = f"replay: pytest 'tests/test_oracle.py::test_aggregate_schedule_matches_recomputation[{seed}]'"
-    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
-    assert all(w >= 1 for w in outcome.watermarks.values())
-
-
-def test_aggregate_schedules_exercise_concurrency_and_extremes(tmp_path):
-    """The aggregate schedules compensate and commit out of order, and delete groups'
-    extremes (a MIN/MAX value whose multiplicity drops to zero in a committed effect)."""
-    outcomes = [schedule(tmp_path, 1000 + seed, views=AGGREGATE_VIEWS) for seed in range(6)]
-    assert sum(o.compensations for o in outcomes) > 50
-    assert sum(o.out_of_order for o in outcomes) >= 2
-
-
-def test_aggregate_oracle_fails_without_compensation(tmp_path):
-    seed = first_failure(tmp_path, lambda: (WithoutCompensation, None), views=AGGREGATE_VIEWS)
-    assert seed is not None
-    assert schedule(tmp_path, seed, views=AGGREGATE_VIEWS).mismatches == []
-
-
-def test_aggregate_oracle_fails_without_retention(tmp_path):
-    seed = first_failure(tmp_path, lambda: (WithoutRetention, None), views=AGGREGATE_VIEWS)
-    assert seed is not None
-    assert schedule(tmp_path, seed, views=AGGREGATE_VIEWS).mismatches == []
-
-
-def test_aggregate_oracle_fails_without_signed_counts(tmp_path):
-    """Group counts that never go below zero, applied in commit order, lose groups when a
-    delete commits before its insert: the oracle sees it; signed sums do not."""
-    seed = first_failure(tmp_path, lambda: (None, ClampingStore()), views=AGGREGATE_VIEWS)
-    assert seed is not None
-    outcome = schedule(tmp_path, seed, store=ClampingStoreOff(), views=AGGREGATE_VIEWS)
-    assert not outcome.mismatches, outcome.mismatches
 
 
 # -- steps asked in parts ------------------------------------------------------------------------
@@ -535,43 +529,6 @@ def test_parts_without_compensation_are_caught(tmp_path, monkeypatch):
 
 
 # -- self-joins --------------------------------------------------------------------------------
-SELF_JOIN_SCHEDULES = 60
-
-
-@pytest.mark.parametrize("seed", range(SELF_JOIN_SCHEDULES))
-def test_self_join_schedule_matches_recomputation(tmp_path, seed):
-    """A table read under two aliases: every update of it is an update of both positions,
-    maintained as the chain rule's terms in position order, compensated at every position
-    that reads it (docs/protocol.md, "Self-joins")."""
-    outcome = schedule(tmp_path, 9000 + seed, views=SELF_JOIN_VIEWS)
-    replay = f"replay: pytest 'tests/test_oracle.py::test_self_join_schedule_matches_recomputation[{seed}]'"
-    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
-    assert all(w >= 1 for w in outcome.watermarks.values())
-
-
-def test_self_join_schedules_exercise_concurrency(tmp_path):
-    outcomes = [schedule(tmp_path, 9000 + seed, views=SELF_JOIN_VIEWS) for seed in range(10)]
-    assert sum(o.compensations for o in outcomes) > 50
-    assert sum(o.out_of_order for o in outcomes) >= 3
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: (WithoutCompensation, None),
-        lambda: (WithoutRetention, None),
-        lambda: (None, ClampingStore()),
-    ],
-    ids=["compensation", "retention", "signed-counts"],
-)
-def test_self_join_oracle_catches_broken_variants(tmp_path, make):
-    """Switching compensation, retention or signed counts off fails the self-join views too;
-    the same schedule passes with them on."""
-    seed = first_failure(tmp_path, make, views=SELF_JOIN_VIEWS)
-    assert seed is not None
-    assert schedule(tmp_path, seed, views=SELF_JOIN_VIEWS).mismatches == []
-
-
 def test_self_join_counts_the_delta_join_once(tmp_path):
     """In "pairs" the only relations of s3 are R3's two aliases, so a unit of s3 that changes
     both is a self-join's own ΔR ⋈ ΔR: keeping the unit's own deltas in both terms counts it
@@ -583,40 +540,6 @@ def test_self_join_counts_the_delta_join_once(tmp_path):
 
 
 # -- outer joins -------------------------------------------------------------------------------
-OUTER_JOIN_SCHEDULES = 60
-
-
-@pytest.mark.parametrize("seed", range(OUTER_JOIN_SCHEDULES))
-def test_outer_join_schedule_matches_recomputation(tmp_path, seed):
-    """LEFT JOIN views: NULL-extended rows appear and go as partners come and go, under
-    concurrent updates and out-of-order commits (docs/protocol.md, "Outer joins")."""
-    outcome = schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS)
-    replay = f"replay: pytest 'tests/test_oracle.py::test_outer_join_schedule_matches_recomputation[{seed}]'"
-    assert not outcome.mismatches, "\n".join([*outcome.mismatches, replay])
-    assert all(w >= 1 for w in outcome.watermarks.values())
-
-
-def test_outer_join_schedules_exercise_concurrency(tmp_path):
-    outcomes = [schedule(tmp_path, 11000 + seed, views=OUTER_JOIN_VIEWS) for seed in range(10)]
-    assert sum(o.compensations for o in outcomes) > 50
-    assert sum(o.out_of_order for o in outcomes) >= 3
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: (WithoutCompensation, None),
-        lambda: (WithoutRetention, None),
-        lambda: (None, ClampingStore()),
-    ],
-    ids=["compensation", "retention", "signed-counts"],
-)
-def test_outer_join_oracle_catches_broken_variants(tmp_path, make):
-    seed = first_failure(tmp_path, make, views=OUTER_JOIN_VIEWS)
-    assert seed is not None
-    assert schedule(tmp_path, seed, views=OUTER_JOIN_VIEWS).mismatches == []
-
-
 def _uncompensated_counts(keys, answer, step, rel_cols, subtract):
     return COUNT_PARTNERS(keys, answer, step, rel_cols, None)
 
