@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.spark.cluster_support import cluster, free_port, process_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "spark-cluster.sh"
@@ -51,34 +52,6 @@ print(json.dumps({
 }))
 spark.stop()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def process_groups() -> dict[int, list[int]]:
-    """Every process group of the machine and its processes."""
-    groups: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            groups.setdefault(int(fields[2]), []).append(int(entry.name))
-    return groups
-
-
-def cluster(command: str, run_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), command, "--run-dir", str(run_dir), "--python", sys.executable, *options],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_a_master_and_a_worker_run_a_job_and_the_store(tmp_path: Path) -> None:
