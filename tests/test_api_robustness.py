@@ -88,7 +88,7 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         )
         refused(
             await c.post(
-                "/v1/views", json={"sql": "SELECT R.k FROM a.R LEFT JOIN b.S ON R.k = S.k", "name": "oj"}, headers=admin
+                "/v1/views", json={"sql": "SELECT R.k FROM a.R FULL JOIN b.S ON R.k = S.k", "name": "oj"}, headers=admin
             ),
             422,
         )
@@ -102,7 +102,7 @@ async def test_bad_requests_are_refused_and_lose_nothing(tmp_path):
         )
         refused(await c.post("/v1/sources", json={"name": "x y", "wrapper_url": "ftp://somewhere"}, headers=admin), 422)
         r = await c.post(
-            "/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "log"}, headers=admin
+            "/v1/sources", json={"name": "c", "wrapper_url": "http://c.invalid", "capture": "binlog"}, headers=admin
         )
         refused(r, 422, "capture", "'trigger'", "'timestamp'", "'application'", "'snapshot'")
         assert "c" not in env.manager.clients and "c" not in await env.manager.db(Catalog.sources)
