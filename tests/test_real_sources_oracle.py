@@ -87,7 +87,9 @@ async def test_view_over_three_databases_matches_recomputation(
         released = {s: manager.receiver.released_through(s) for s in urls}
         assert min(released.values()) > 5, (released, manager.source_health)  # every source shipped many updates
         checked = await check_oracle(manager, "v", initial)
-        assert checked == manager.watermark("v") > 30
+        # every W checked; a backlog is maintained in sets (adaptive batching), so there are
+        # fewer W than updates: this many still cover every source several times over
+        assert checked == manager.watermark("v") > 15
         assert compensations + manager.view("v").maintainer.counters.compensations > 0  # concurrency happened
         final = manager.read("v")
         assert not final.has_negative() and final == recompute(

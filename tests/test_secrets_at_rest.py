@@ -13,6 +13,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,7 +84,13 @@ def test_serve_makes_its_files_private_and_keeps_the_admin_token_out_of_its_log(
         token_file = data_dir / "admin-token"
         token = token_file.read_text().strip()
         assert mode(token_file) == "0o600"
-        assert httpx.get(f"{url}/v1/tokens", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        deadline = time.monotonic() + 60
+        while (
+            answer := httpx.get(f"{url}/v1/tokens", headers={"Authorization": f"Bearer {token}"})
+        ).status_code == 503:
+            assert time.monotonic() < deadline, answer.text  # the API answers while the manager starts
+            time.sleep(0.2)
+        assert answer.status_code == 200, answer.text
     finally:
         serve.terminate()
         _, err = serve.communicate(timeout=30)
