@@ -123,8 +123,14 @@ async def test_a_query_that_kills_the_jvm_restarts_only_the_query_process(
             await wait_until(lambda: small_analysts.ready, 120, "the query process came back")
             assert small_analysts.restarts == restarts + 1
             await settle(manager, spark_store, view)
-            answer = await api.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
-            assert answer.status_code == 200 and answer.json()["rows"] == [[len(spark_store.read_rows(view))]]
+            # the new process answers; on a busy machine its first read of the view may still
+            # meet the short time limit, which is a 400 naming the limit, and is asked again
+            for _ in range(3):
+                answer = await api.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
+                if not (answer.status_code == 400 and "ran longer" in answer.text):
+                    break
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["rows"] == [[len(spark_store.read_rows(view))]]
     finally:
         await manager.stop()
 

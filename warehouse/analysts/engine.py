@@ -333,4 +333,21 @@ def start_spark(args: argparse.Namespace) -> Any:
         key, _, value = pair.partition("=")
         settings[key] = value
     # Spark's own lines go to the work dir's spark.log; query-process.log keeps the process's
-    return start_session(args.master, "pvm-analysts", log_settings(work, settings), work)
+    spark = start_session(args.master, "pvm-analysts", log_settings(work, settings), work)
+    warm_up(spark)
+    return spark
+
+
+def warm_up(spark: Any) -> float:
+    """Run one small join and aggregate before the process says it is ready; its seconds.
+
+    A fresh JVM loads and compiles the planner, code generation and the shuffle on its first
+    query: seconds that would otherwise count against the first analyst's time limit, and
+    after a restart make the first query time out on a busy machine.
+    """
+    started = time.monotonic()
+    numbers = spark.range(2000).selectExpr("id", "id % 7 AS k")
+    numbers.join(numbers.withColumnRenamed("id", "other"), "k").groupBy("k").count().collect()
+    seconds = time.monotonic() - started
+    log.info("query process warmed up in %.1f s", seconds)
+    return seconds
