@@ -40,6 +40,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SPARK_TESTS in Path(item.path).parents:
             item.add_marker(pytest.mark.spark)
+            # under pytest-xdist (--dist loadgroup) the Spark tests share one worker, so the
+            # run starts one session JVM, not one a worker
+            item.add_marker(pytest.mark.xdist_group("spark"))
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
 
