@@ -36,6 +36,7 @@ SERVER_FIXTURES = frozenset({"pg_url", "pg_log_url", "maria_url", "postgresql_ca
 SPARK_TESTS = Path(__file__).parent / "spark"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SPARK_TESTS in Path(item.path).parents:

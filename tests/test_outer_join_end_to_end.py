@@ -17,6 +17,9 @@ import httpx
 
 from contract.zset import ZSet
 from pvm.local_deployment import LocalDeployment
+from tests.deployment_support import settle, view_rows
+
+VIEW = "order_customers"
 
 SELECT = (
     "SELECT o.id, o.qty, c.name FROM {shop}orders o LEFT JOIN {crm}customers c "
@@ -67,17 +70,6 @@ def writer(paths: dict[str, Path], seed: int, transactions: int, errors: list) -
         errors.append(exc)
 
 
-async def settle(deployment: LocalDeployment) -> None:
-    await deployment.wait_shipped()
-    await deployment.manager.wait_idle("order_customers", timeout=120)
-
-
-async def rows(api: httpx.AsyncClient) -> ZSet:
-    page = await api.get("/v1/views/order_customers/rows", params={"limit": 10_000})
-    assert page.status_code == 200, page.text
-    return ZSet.from_rows(tuple(r) for r in page.json()["rows"])
-
-
 async def test_a_left_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
     paths = {source: tmp_path / f"{source}.db" for source in TABLES}
     for source, ddl in TABLES.items():
@@ -108,11 +100,11 @@ async def test_a_left_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
             )
             assert refused.status_code == 422 and "does not compare c with the left side" in refused.text
 
-            sql = "CREATE VIEW order_customers AS " + SELECT.format(shop="shop.", crm="crm.")
+            sql = f"CREATE VIEW {VIEW} AS " + SELECT.format(shop="shop.", crm="crm.")
             created = await api.post("/v1/views", json={"sql": sql})
             assert created.status_code == 201, created.text
-            await settle(deployment)
-            first = await rows(api)
+            await settle(deployment, VIEW)
+            first = await view_rows(api, VIEW)
             assert first == live(paths)
             # bob is in XX: no partner under the ON clause; customer 7 does not exist; NULL matches nothing
             assert first == ZSet.from_rows([(1, 2, "ann"), (2, 3, "ann"), (3, 1, None), (4, 5, None), (5, 1, None)])
@@ -121,9 +113,9 @@ async def test_a_left_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
                 db.execute("INSERT INTO customers VALUES (7, 'gil', 'DE')")
                 db.execute("UPDATE customers SET country = 'FR' WHERE id = 2")
                 db.execute("DELETE FROM customers WHERE id = 1")
-            await settle(deployment)
+            await settle(deployment, VIEW)
             assert (
-                await rows(api)
+                await view_rows(api, VIEW)
                 == live(paths)
                 == ZSet.from_rows([(1, 2, None), (2, 3, None), (3, 1, "bob"), (4, 5, "gil"), (5, 1, None)])
             )
@@ -134,11 +126,11 @@ async def test_a_left_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
                 t.start()
             await asyncio.gather(*(asyncio.to_thread(t.join) for t in threads))
             assert not errors, errors
-            await settle(deployment)
-            final = await rows(api)
+            await settle(deployment, VIEW)
+            final = await view_rows(api, VIEW)
             assert final == live(paths) and not final.has_negative()
 
-            report = (await api.post("/v1/views/order_customers/verify", json={})).json()
+            report = (await api.post(f"/v1/views/{VIEW}/verify", json={})).json()
             assert report["equal"] is True, report
-            status = (await api.get("/v1/views/order_customers")).json()
+            status = (await api.get(f"/v1/views/{VIEW}")).json()
             assert status["state"] == "active", status

@@ -16,6 +16,9 @@ import httpx
 
 from contract.zset import ZSet
 from pvm.local_deployment import LocalDeployment
+from tests.deployment_support import settle, view_rows
+
+VIEW = "bosses"
 
 DDL = "CREATE TABLE emp (id INTEGER PRIMARY KEY, name TEXT, boss INTEGER, salary INTEGER)"
 SELECT = (
@@ -49,17 +52,6 @@ def writer(path: Path, seed: int, transactions: int, errors: list) -> None:
         errors.append(exc)
 
 
-async def settle(deployment: LocalDeployment) -> None:
-    await deployment.wait_shipped()
-    await deployment.manager.wait_idle("bosses", timeout=120)
-
-
-async def rows(api: httpx.AsyncClient) -> ZSet:
-    page = await api.get("/v1/views/bosses/rows", params={"limit": 10_000})
-    assert page.status_code == 200, page.text
-    return ZSet.from_rows(tuple(r) for r in page.json()["rows"])
-
-
 async def test_a_self_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
     path = tmp_path / "hr.db"
     with sqlite3.connect(path) as db:
@@ -76,12 +68,12 @@ async def test_a_self_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
             threads = [threading.Thread(target=writer, args=(path, seed, 30, errors)) for seed in range(3)]
             for t in threads:
                 t.start()  # the initial load runs while they write
-            created = await api.post("/v1/views", json={"sql": "CREATE VIEW bosses AS " + SELECT.format(src="hr.")})
+            created = await api.post("/v1/views", json={"sql": f"CREATE VIEW {VIEW} AS " + SELECT.format(src="hr.")})
             assert created.status_code == 201, created.text
             await asyncio.gather(*(asyncio.to_thread(t.join) for t in threads))
             assert not errors, errors
-            await settle(deployment)
-            assert await rows(api) == live(path)
+            await settle(deployment, VIEW)
+            assert await view_rows(api, VIEW) == live(path)
 
             # one transaction inserting a manager and their report: the ΔR ⋈ ΔR term; and a
             # row that is its own manager, which joins itself in the same update
@@ -89,21 +81,21 @@ async def test_a_self_join_over_sqlite_through_the_api(tmp_path: Path) -> None:
                 db.execute("INSERT INTO emp VALUES (20, 'max', 20, 45)")
                 db.execute("INSERT INTO emp VALUES (21, 'liz', 22, 15)")
                 db.execute("INSERT INTO emp VALUES (22, 'kim', 20, 60)")
-            await settle(deployment)
+            await settle(deployment, VIEW)
             expected = live(path)
             assert expected.weight(("max", "max", 45)) == 1 and expected.weight(("liz", "kim", 60)) == 1
-            assert await rows(api) == expected
+            assert await view_rows(api, VIEW) == expected
 
             with sqlite3.connect(path) as db:  # the manager leaves: both rows that read it change
                 db.execute("DELETE FROM emp WHERE id = 20")
                 db.execute("UPDATE emp SET salary = 25 WHERE id = 22")
-            await settle(deployment)
-            final = await rows(api)
+            await settle(deployment, VIEW)
+            final = await view_rows(api, VIEW)
             assert final == live(path) and final.weight(("max", "max", 45)) == 0
 
-            report = (await api.post("/v1/views/bosses/verify", json={})).json()
+            report = (await api.post(f"/v1/views/{VIEW}/verify", json={})).json()
             assert report["equal"] is True, report
             assert [s["relation"] for s in report["sources"]] == ["emp"]  # the table is read once
 
-            status = (await api.get("/v1/views/bosses")).json()
+            status = (await api.get(f"/v1/views/{VIEW}")).json()
             assert status["state"] == "active" and status["counters"]["subqueries"] > 0, status

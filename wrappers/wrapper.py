@@ -324,13 +324,7 @@ class Wrapper:
         prepared = query.prepare(
             subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
         )
-        async with self._lock:
-            snapshot, watermark = await self._exact_snapshot()
-            try:
-                await self._ship_pending()  # through at least the watermark
-            except BaseException:
-                snapshot.close()
-                raise
+        snapshot, watermark = await self._snapshot_shipped_through()
         try:
             async with self._queries.admit(subquery.priority):
                 if self.config.query_delay_ms:
@@ -342,6 +336,18 @@ class Wrapper:
         return SubqueryAnswer.model_construct(
             watermark=watermark, rows=rows, elapsed_ms=elapsed_ms
         )  # rows: wire values
+
+    async def _snapshot_shipped_through(self) -> tuple[Snapshot, int]:
+        """An exact snapshot and its watermark, with every update through the watermark shipped
+        before the answer read in it can reach the manager (the handshake of invariant 3)."""
+        async with self._lock:
+            snapshot, watermark = await self._exact_snapshot()
+            try:
+                await self._ship_pending()  # through at least the watermark
+            except BaseException:
+                snapshot.close()
+                raise
+        return snapshot, watermark
 
     async def _exact_snapshot(self) -> tuple[Snapshot, int]:
         """A snapshot whose visible changes are exactly the updates through the watermark.
@@ -379,13 +385,7 @@ class Wrapper:
             self.capture.replica is None,
         )
         types = [table.types[table.columns.index(c)] for c in request.select]
-        async with self._lock:
-            snapshot, watermark = await self._exact_snapshot()
-            try:
-                await self._ship_pending()  # through at least the watermark
-            except BaseException:
-                snapshot.close()
-                raise
+        snapshot, watermark = await self._snapshot_shipped_through()
         return relation_stream.stream(snapshot, statement, request.select, types, watermark)
 
     # -- application capture -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import contextlib
 import random
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -83,19 +83,21 @@ def read_live(paths: dict[str, Path]) -> dict[tuple[str, str], ZSet]:
     return out
 
 
-@contextlib.contextmanager
-def spark_store(spark: SparkSession, data_dir: Path) -> Iterator[SparkStore]:
-    store = SparkStore(spark, data_dir)
+@contextlib.asynccontextmanager
+async def deployed(
+    spark: SparkSession, tmp_path: Path, paths: dict[str, Path]
+) -> AsyncIterator[tuple[SparkStore, LocalDeployment]]:
+    """A wrapper per source and a manager over a Spark store in ``tmp_path / "data"``; the
+    store's views are dropped afterwards (the session's catalog is shared)."""
+    store = SparkStore(spark, tmp_path / "data")
     try:
-        yield store
+        async with LocalDeployment(tmp_path, store) as deployment:
+            for source, (table, _) in SOURCES.items():
+                await deployment.add_sqlite_source(source, paths[source], [table])
+            yield store, deployment
     finally:
         for view in store.views():
             store.drop(view)
-
-
-async def deploy(deployment: LocalDeployment, paths: dict[str, Path]) -> None:
-    for source, (table, _) in SOURCES.items():
-        await deployment.add_sqlite_source(source, paths[source], [table])
 
 
 def engine_of(manager: Manager, view: str) -> EngineLoad:
@@ -110,20 +112,18 @@ def recomputed(manager: Manager, view: str, paths: dict[str, Path]) -> ZSet:
 
 async def test_the_load_in_spark_equals_recomputation(spark, tmp_path):
     paths = make_sources(tmp_path, rows=300)
-    with spark_store(spark, tmp_path / "data") as store:
-        async with LocalDeployment(tmp_path, store) as deployment:
-            await deploy(deployment, paths)
-            manager = deployment.manager
-            await manager.define_view(VIEW, "v")
-            engine_of(manager, "v")
-            await manager.wait_idle("v", timeout=120)
-            assert manager.view("v").info.state == "active"
-            counters = manager.view("v").maintainer.counters
-            assert counters.subqueries == 0  # no row of the load went through a subquery
-            expected = recomputed(manager, "v", paths)
-            assert len(expected) > 20
-            assert manager.read("v") == expected
-            assert not any((tmp_path / "data" / "staging" / "v").glob("*/*.parquet"))  # staging removed
+    async with deployed(spark, tmp_path, paths) as (store, deployment):
+        manager = deployment.manager
+        await manager.define_view(VIEW, "v")
+        engine_of(manager, "v")
+        await manager.wait_idle("v", timeout=120)
+        assert manager.view("v").info.state == "active"
+        counters = manager.view("v").maintainer.counters
+        assert counters.subqueries == 0  # no row of the load went through a subquery
+        expected = recomputed(manager, "v", paths)
+        assert len(expected) > 20
+        assert manager.read("v") == expected
+        assert not any((tmp_path / "data" / "staging" / "v").glob("*/*.parquet"))  # staging removed
 
 
 async def test_updates_during_the_load_are_compensated(spark, tmp_path):
@@ -133,43 +133,41 @@ async def test_updates_during_the_load_are_compensated(spark, tmp_path):
     paths = make_sources(tmp_path, rows=200)
     before = read_live(paths)
     rng = random.Random(7)
-    with spark_store(spark, tmp_path / "data") as store:
-        async with LocalDeployment(tmp_path, store) as deployment:
-            await deploy(deployment, paths)
-            manager = deployment.manager
-            changed = []
+    async with deployed(spark, tmp_path, paths) as (store, deployment):
+        manager = deployment.manager
+        changed = []
 
-            def change_first(original):
-                def open_snapshot(request: RelationSnapshot):
-                    source = next(s for s, (t, _) in SOURCES.items() if t == request.relation)
-                    table = request.relation
-                    with contextlib.closing(sqlite3.connect(paths[source])) as db:
-                        db.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 3)")
-                        cols = COLUMNS[(source, table)]
-                        rows = [random_row(table, k, rng, 200) for k in (1, 2, 1000, 1001)]
-                        db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
-                        db.execute(
-                            f"UPDATE {table} SET b = b + 1 WHERE id = 10"
-                            if table != "T"
-                            else "UPDATE T SET c = c + 1 WHERE id = 10"
-                        )
-                        db.commit()
-                    changed.append(source)
-                    return original(request)
+        def change_first(original):
+            def open_snapshot(request: RelationSnapshot):
+                source = next(s for s, (t, _) in SOURCES.items() if t == request.relation)
+                table = request.relation
+                with contextlib.closing(sqlite3.connect(paths[source])) as db:
+                    db.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 3)")
+                    cols = COLUMNS[(source, table)]
+                    rows = [random_row(table, k, rng, 200) for k in (1, 2, 1000, 1001)]
+                    db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
+                    db.execute(
+                        f"UPDATE {table} SET b = b + 1 WHERE id = 10"
+                        if table != "T"
+                        else "UPDATE T SET c = c + 1 WHERE id = 10"
+                    )
+                    db.commit()
+                changed.append(source)
+                return original(request)
 
-                return open_snapshot
+            return open_snapshot
 
-            for client in deployment.manager.clients.values():
-                client.open_snapshot = change_first(client.open_snapshot)  # type: ignore[method-assign]
-            await manager.define_view(VIEW, "v")
-            await deployment.wait_shipped()
-            await manager.wait_idle("v", timeout=120)
-            assert sorted(changed) == sorted(SOURCES)
-            assert manager.view("v").info.state == "active"
-            plan = manager.view("v").plan
-            assert manager.read("v", as_of=1) == recompute(plan, before, COLUMNS)  # the sources as of the load
-            assert manager.read("v") == recomputed(manager, "v", paths)  # and the changes maintained after it
-            assert manager.view("v").maintainer.counters.compensations >= 3  # one update per source at least
+        for client in deployment.manager.clients.values():
+            client.open_snapshot = change_first(client.open_snapshot)  # type: ignore[method-assign]
+        await manager.define_view(VIEW, "v")
+        await deployment.wait_shipped()
+        await manager.wait_idle("v", timeout=120)
+        assert sorted(changed) == sorted(SOURCES)
+        assert manager.view("v").info.state == "active"
+        plan = manager.view("v").plan
+        assert manager.read("v", as_of=1) == recompute(plan, before, COLUMNS)  # the sources as of the load
+        assert manager.read("v") == recomputed(manager, "v", paths)  # and the changes maintained after it
+        assert manager.view("v").maintainer.counters.compensations >= 3  # one update per source at least
 
 
 class Gate:
@@ -191,110 +189,104 @@ class Gate:
 async def test_a_restart_in_the_middle_of_a_load_loads_again(spark, tmp_path):
     paths = make_sources(tmp_path, rows=150)
     data = tmp_path / "data"
-    with spark_store(spark, data) as store:
-        async with LocalDeployment(tmp_path, store) as deployment:
-            await deploy(deployment, paths)
-            first = deployment.manager
-            gate = Gate()
-            for client in first.clients.values():
-                client.open_snapshot = gate.wrap(client.open_snapshot)  # type: ignore[method-assign]
-            await first.define_view(VIEW, "v")
-            assert await asyncio.to_thread(gate.held.wait, 30)
-            assert first.view("v").info.state == "initializing"
-            progress = first.status("v")["load"]
-            assert progress is not None and progress["phase"] == "staging"
-            await first.view("v").maintainer.stop()  # the process ends in the middle of the load
-            gate.release.set()
-            assert store.committed_orders("v") == set()  # nothing of the load is in the view
+    async with deployed(spark, tmp_path, paths) as (store, deployment):
+        first = deployment.manager
+        gate = Gate()
+        for client in first.clients.values():
+            client.open_snapshot = gate.wrap(client.open_snapshot)  # type: ignore[method-assign]
+        await first.define_view(VIEW, "v")
+        assert await asyncio.to_thread(gate.held.wait, 30)
+        assert first.view("v").info.state == "initializing"
+        progress = first.status("v")["load"]
+        assert progress is not None and progress["phase"] == "staging"
+        await first.view("v").maintainer.stop()  # the process ends in the middle of the load
+        gate.release.set()
+        assert store.committed_orders("v") == set()  # nothing of the load is in the view
 
-            second = Manager(catalog_url(tmp_path), SparkStore(spark, data))
-            await second.start()
-            try:
-                assert second.view("v").info.state == "initializing"
-                await second.wait_idle("v", timeout=120)
-                assert second.view("v").info.state == "active"
-                assert second.read("v") == recomputed(second, "v", paths)
-            finally:
-                await second.stop()
+        second = Manager(catalog_url(tmp_path), SparkStore(spark, data))
+        await second.start()
+        try:
+            assert second.view("v").info.state == "initializing"
+            await second.wait_idle("v", timeout=120)
+            assert second.view("v").info.state == "active"
+            assert second.read("v") == recomputed(second, "v", paths)
+        finally:
+            await second.stop()
 
 
 async def test_a_stream_cut_short_is_retried_and_never_shown(spark, tmp_path):
     paths = make_sources(tmp_path, rows=3000)
-    with spark_store(spark, tmp_path / "data") as store:
-        async with LocalDeployment(tmp_path, store) as deployment:
-            await deploy(deployment, paths)
-            manager = deployment.manager
-            client = manager.clients["sa"]
-            original = client.open_snapshot
-            cut = threading.Event()
+    async with deployed(spark, tmp_path, paths) as (store, deployment):
+        manager = deployment.manager
+        client = manager.clients["sa"]
+        original = client.open_snapshot
+        cut = threading.Event()
 
-            @contextlib.contextmanager
-            def truncated(request: RelationSnapshot):
-                with original(request) as stream:
-                    data = stream.read()
-                if not cut.is_set():  # the first answer loses its end: bytes cut mid-batch
-                    cut.set()
-                    data = data[: len(data) // 2]
+        @contextlib.contextmanager
+        def truncated(request: RelationSnapshot):
+            with original(request) as stream:
+                data = stream.read()
+            if not cut.is_set():  # the first answer loses its end: bytes cut mid-batch
+                cut.set()
+                data = data[: len(data) // 2]
 
-                class Once:
-                    def __init__(self) -> None:
-                        self.data = data
+            class Once:
+                def __init__(self) -> None:
+                    self.data = data
 
-                    def read(self, size: int = -1) -> bytes:
-                        out = self.data if size < 0 else self.data[:size]
-                        self.data = self.data[len(out) :]
-                        return out
+                def read(self, size: int = -1) -> bytes:
+                    out = self.data if size < 0 else self.data[:size]
+                    self.data = self.data[len(out) :]
+                    return out
 
-                yield Once()
+            yield Once()
 
-            client.open_snapshot = truncated  # type: ignore[method-assign]
-            await manager.define_view(VIEW, "v")
-            await manager.wait_idle("v", timeout=120)
-            assert cut.is_set()
-            maintainer = manager.view("v").maintainer
-            assert maintainer.counters.retries >= 1  # the cut stream was a transient fault
-            assert manager.view("v").info.state == "active"
-            assert manager.read("v") == recomputed(manager, "v", paths)
+        client.open_snapshot = truncated  # type: ignore[method-assign]
+        await manager.define_view(VIEW, "v")
+        await manager.wait_idle("v", timeout=120)
+        assert cut.is_set()
+        maintainer = manager.view("v").maintainer
+        assert maintainer.counters.retries >= 1  # the cut stream was a transient fault
+        assert manager.view("v").info.state == "active"
+        assert manager.read("v") == recomputed(manager, "v", paths)
 
 
 async def test_a_wrapper_that_dies_mid_stream_leaves_the_view_initializing(spark, tmp_path):
     paths = make_sources(tmp_path, rows=20_000)
-    with spark_store(spark, tmp_path / "data") as store:
-        async with LocalDeployment(tmp_path, store) as deployment:
-            await deploy(deployment, paths)
-            manager = deployment.manager
-            client = manager.clients["sa"]
-            original = client.open_snapshot
-            wrapper = deployment.wrappers["sa"]
+    async with deployed(spark, tmp_path, paths) as (store, deployment):
+        manager = deployment.manager
+        client = manager.clients["sa"]
+        original = client.open_snapshot
+        wrapper = deployment.wrappers["sa"]
 
-            @contextlib.contextmanager
-            def dying(request: RelationSnapshot):
-                with original(request) as stream:
-                    head = stream.read(4096)  # the stream has begun
-                    wrapper.kill()
+        @contextlib.contextmanager
+        def dying(request: RelationSnapshot):
+            with original(request) as stream:
+                head = stream.read(4096)  # the stream has begun
+                wrapper.kill()
 
-                    class Rest:
-                        def __init__(self) -> None:
-                            self.head = head
+                class Rest:
+                    def __init__(self) -> None:
+                        self.head = head
 
-                        def read(self, size: int = -1) -> bytes:
-                            if not self.head:
-                                return stream.read(size)
-                            cut = len(self.head) if size < 0 else size
-                            out, self.head = self.head[:cut], self.head[cut:]
-                            return out
+                    def read(self, size: int = -1) -> bytes:
+                        if not self.head:
+                            return stream.read(size)
+                        cut = len(self.head) if size < 0 else size
+                        out, self.head = self.head[:cut], self.head[cut:]
+                        return out
 
-                    yield Rest()
+                yield Rest()
 
-            client.open_snapshot = dying  # type: ignore[method-assign]
-            await manager.define_view(VIEW, "v")
-            maintainer = manager.view("v").maintainer
-            for _ in range(600):
-                if maintainer.retrying:
-                    break
-                await asyncio.sleep(0.05)
-            retry = next(iter(maintainer.retrying.values()))
-            assert "snapshot stream" in retry.error or "Connect" in retry.error, retry.error
-            assert manager.view("v").info.state == "initializing"
-            assert store.committed_orders("v") == set()
-            assert manager.watermark("v") == 0  # readers see nothing of a partial load
+        client.open_snapshot = dying  # type: ignore[method-assign]
+        await manager.define_view(VIEW, "v")
+        maintainer = manager.view("v").maintainer
+        for _ in range(600):
+            if maintainer.retrying:
+                break
+            await asyncio.sleep(0.05)
+        retry = next(iter(maintainer.retrying.values()))
+        assert "snapshot stream" in retry.error or "Connect" in retry.error, retry.error
+        assert manager.view("v").info.state == "initializing"
+        assert store.committed_orders("v") == set()
+        assert manager.watermark("v") == 0  # readers see nothing of a partial load
