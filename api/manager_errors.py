@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from warehouse.catalog.db import CatalogError
+from warehouse.catalog.db import CatalogError, UnknownName
 from warehouse.errors import Busy, Conflict, Invalid, NotFound, Refused, Unsupported
 from warehouse.receiver import ReceiveError
 from warehouse.sources import SourceError
@@ -54,7 +54,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CatalogError)
     async def _catalog_error(request: Request, exc: CatalogError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409)
+        return JSONResponse({"detail": str(exc)}, status_code=404 if isinstance(exc, UnknownName) else 409)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

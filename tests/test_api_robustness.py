@@ -4,10 +4,13 @@ before them is intact and maintenance goes on."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
+from api.manager_errors import add_error_handlers
 from tests.api_support import VIEW, api_env
-from warehouse.catalog.db import Catalog
+from warehouse.catalog.db import Catalog, CatalogError, UnknownName
 
 
 def update(seq: int, relation: str, row: dict, sign: int = 1, source: str = "a") -> dict:
@@ -179,3 +182,21 @@ async def test_invalid_content_length_is_refused(tmp_path, length):
         response = await env.client.send(request)
         assert response.status_code == 400 and "Content-Length" in response.json()["detail"]
         assert isinstance(response, httpx.Response)
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [(UnknownName("unknown view 'v'"), 404), (CatalogError("view 'v' already exists"), 409)],
+)
+async def test_a_catalog_refusal_is_answered_by_its_kind(raised: CatalogError, status: int) -> None:
+    """A name removed between the manager's check and the catalog's write (a race with a
+    drop) is answered as unknown, not as a conflict."""
+    app = FastAPI()
+    add_error_handlers(app)
+
+    @app.get("/raise")
+    async def _raise() -> None:
+        raise raised
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://manager") as client:
+        refused(await client.get("/raise"), status, str(raised))

@@ -30,7 +30,11 @@ T = TypeVar("T")
 
 
 class CatalogError(Exception):
-    """A request that conflicts with the catalog (duplicate name, unknown name)."""
+    """A request that conflicts with the catalog (a duplicate name)."""
+
+
+class UnknownName(CatalogError):
+    """A name the catalog does not hold (a source, view or token removed meanwhile)."""
 
 
 class SeqConflict(CatalogError):
@@ -243,7 +247,7 @@ class Catalog:
         with Session(self.engine) as s, s.begin():
             row = s.get(SourceRow, name)
             if row is None:
-                raise CatalogError(f"unknown source {name!r}")
+                raise UnknownName(f"unknown source {name!r}")
             for r in s.scalars(select(RelationRow).where(RelationRow.source == name)):
                 s.delete(r)
             s.delete(row)
@@ -284,7 +288,7 @@ class Catalog:
                 s.delete(u)
             row = s.get(ViewRow, name)
             if row is None:
-                raise CatalogError(f"unknown view {name!r}")
+                raise UnknownName(f"unknown view {name!r}")
             s.delete(row)
 
     # -- the update log ------------------------------------------------------------------
@@ -404,7 +408,7 @@ class Catalog:
         with Session(self.engine) as s, s.begin():
             row = s.get(TokenRow, token_id)
             if row is None:
-                raise CatalogError(f"unknown token {token_id}")
+                raise UnknownName(f"unknown token {token_id}")
             if row.revoked_at is None:
                 row.revoked_at = time.time()
             s.flush()
