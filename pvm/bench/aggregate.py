@@ -9,7 +9,8 @@ find the region's next extreme in its per-group multiset). Per update, side by s
 
 * **incremental**: the service's path from the update's body effect ΔV (one or two body
   rows): the aggregate operator (``warehouse.aggregate.encode``), the Spark append to the
-  view's z-log (``SparkStore.commit``) and the published W moved (``SparkStore.publish``);
+  view's z-log (``SparkStore.commit``) and the published W moved (``SparkStore.publish``),
+  each step timed too;
 * **recompute**: the view's GROUP BY over all N body rows as they now are, by Spark from
   scratch, written as the view's new state (Parquet).
 
@@ -53,6 +54,7 @@ DEFAULT_ROWS = "10000,100000,1000000"
 GOALS = {"incremental_growth": 2.0}
 BODY = "bench_aggregate_body"
 ADDED = "bench_aggregate_added"
+PARTS = ("encode", "commit", "publish")  # the steps of an incremental update, timed each
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -134,11 +136,15 @@ def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, consol
         for k in range(args.updates):
             update = body.next_update(KINDS[k % len(KINDS)])
             order = k + 2
-            started = time.perf_counter()
+            marks = [time.perf_counter()]
             rows = encode(s, update.delta)
+            marks.append(time.perf_counter())
             store.commit(view, [Effect(order, rows)])
+            marks.append(time.perf_counter())
             store.publish(view, order)
-            incremental = time.perf_counter() - started
+            marks.append(time.perf_counter())
+            incremental = marks[-1] - marks[0]
+            parts = {part: round(marks[i + 1] - marks[i], 6) for i, part in enumerate(PARTS)}
             with console.status(f"{n:,} rows, update {k + 1}: recomputing the view"):
                 started = time.perf_counter()
                 _recompute(spark, body, out)
@@ -156,6 +162,7 @@ def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, consol
                     "groups": update.groups,
                     "stored_rows_written": len(rows),
                     "incremental_s": round(incremental, 4),
+                    "incremental_parts_s": parts,
                     "recompute_s": round(recompute, 4),
                     **compared,
                 }
@@ -241,6 +248,12 @@ def report(figures: dict[str, Any]) -> None:
             "[green]yes[/green]" if r["verified"] else "[red]NO[/red]",
         )
     console.print(table)
+    for r in figures["runs"]:
+        parts = {p: statistics.median(u["incremental_parts_s"][p] for u in r["updates"]) for p in PARTS}
+        console.print(
+            f"incremental at {r['body_rows']:,} rows, medians: "
+            + ", ".join(f"{part} {seconds * 1000:.2f} ms" for part, seconds in parts.items())
+        )
     runs = figures["runs"]
     growth = figures["incremental_growth"]
     met = growth <= GOALS["incremental_growth"]

@@ -36,6 +36,9 @@ def test_bench_aggregate_times_and_verifies_each_update(spark, tmp_path) -> None
         for u in updates:
             assert u["equal"] and u["differences"] == {} and u["view_rows"] == 5
             assert len(u["groups"]) == 1 and u["incremental_s"] > 0 and u["recompute_s"] > 0
+            parts = u["incremental_parts_s"]
+            assert list(parts) == ["encode", "commit", "publish"] and min(parts.values()) >= 0
+            assert sum(parts.values()) == pytest.approx(u["incremental_s"], abs=1e-3)
             # O(changed groups): one summary row, and one multiset row per changed value
             assert u["stored_rows_written"] == (3 if u["kind"] == "update" else 2)
         assert run["ratio"] == round(run["recompute_s"]["median"] / run["incremental_s"]["median"], 1)
