@@ -39,6 +39,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pvm.bench.load",
         "a view's initial load in Spark over PostgreSQL + MariaDB + SQLite, against Spark over JDBC",
     ),
+    "aggregate": (
+        "pvm.bench.aggregate",
+        "an aggregate view over 1,000,000 join rows: one source update maintained incrementally vs recomputed",
+    ),
     "abuse": (
         "pvm.bench.abuse",
         "view lag, W progress and memory of a deployment quiet, then under attack through its API",
