@@ -29,6 +29,7 @@ from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
+from warehouse.consistent_cut import Cut, NoConsistentCut, ViewSeqs, consistent_cut
 from warehouse.deltas import DeltaExtractor
 from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
@@ -87,6 +88,7 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
 
 
 STALL_AFTER_S = 60.0
+CUT_RETRY_AFTER_S = 1  # what a reader hears when views have no state in common yet
 LOG_IDS_PER_READ = 900  # an IN list within every SQLite's limit on bound parameters
 
 
@@ -426,7 +428,7 @@ class Manager:
             handle.bases = bases
             handle.maintainer.protocol.drop_queued(bases)
             handle.maintainer.start()
-            await handle.maintainer.begin_initial_load()
+            await handle.maintainer.begin_initial_load(bases)
             return info
 
     async def _forget_failed_view(self, plan: ViewPlan, recorded: bool) -> None:
@@ -583,6 +585,13 @@ class Manager:
         loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
         handle.maintainer.recover(waiting)  # they wait for PPU slots, oldest first
+        history = handle.maintainer.history
+        history.number(u for u in rebuilt if recorded[u.order])  # retained: numbered above W too
+        if handle.maintainer.initial_order is not None:  # the initial load runs again
+            history.begin(handle.maintainer.initial_order, info.bases)
+        else:
+            released = {s: self.receiver.released_through(s) for s in info.bases}
+            history.restart(protocol.watermark, info.bases, protocol.first_queued(), released)
         handle.maintainer.start()
 
     async def _logged_updates(
@@ -704,6 +713,44 @@ class Manager:
         page = await self.analysts.rows(record.to_record(), pinned, offset, limit, who)
         return watermark, pinned, page.total, page.rows
 
+    def consistent_cut(self, names: Sequence[str]) -> Cut:
+        """An order per view of ``names`` at which they all show one state of their sources,
+        the latest there is (``warehouse.consistent_cut``): read each view as of its order.
+        Conflict (retryable) while a view has no state yet, or none in common with the others."""
+        views = {name: self._seqs(name) for name in dict.fromkeys(names)}
+        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
+        try:
+            return consistent_cut(views, released)
+        except NoConsistentCut as exc:
+            raise Conflict(str(exc), retry_after=CUT_RETRY_AFTER_S) from exc
+
+    def _seqs(self, name: str) -> ViewSeqs:
+        handle = self.view(name)
+        readable_from = 0
+        if self.view_store.engine == "spark":
+            try:
+                readable_from = self.view_store.record(name).compacted_through
+            except StoreError as exc:
+                raise NotFound(str(exc)) from exc
+        seqs = handle.maintainer.seqs(readable_from)
+        if seqs is None:
+            raise Conflict(
+                f"view {name!r} has no state to read together with others yet (its initial load runs, or its "
+                "queue is being read back as it resumes); ask again in a moment",
+                retry_after=CUT_RETRY_AFTER_S,
+            )
+        return seqs
+
+    def frontier(self, name: str) -> dict[str, list[int]] | None:
+        """Per source, the seqs ``[lo, hi]`` the view as of W shows the source at (any of
+        them: the updates between change nothing it reads); None while it has no state."""
+        seqs = self.view(name).maintainer.seqs()
+        if seqs is None:
+            return None
+        return {
+            s: list(seqs.interval(seqs.watermark, s, self.receiver.released_through(s))) for s in sorted(seqs.sources)
+        }
+
     def status(self, name: str) -> dict[str, Any]:
         handle = self.view(name)
         m = handle.maintainer
@@ -718,6 +765,7 @@ class Manager:
             "batch_size": handle.info.batch_size,
             "commit_mode": handle.info.commit_mode,
             "watermark": m.protocol.watermark,
+            "frontier": self.frontier(name),
             "paused": m.paused,
             "idle": m.idle,
             "retrying": retry_status(m),
