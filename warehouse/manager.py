@@ -28,8 +28,8 @@ from contract.zset import ZSet, row_order
 from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
-from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
-from warehouse.consistent_cut import Cut, NoConsistentCut, ViewSeqs, consistent_cut
+from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, UnitInfo, ViewInfo
+from warehouse.consistent_cut import Cut, NoConsistentCut, Span, ViewSeqs, consistent_cut
 from warehouse.deltas import DeltaExtractor
 from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
@@ -38,6 +38,7 @@ from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSett
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
+from warehouse.seq_history import MAX_SPANS, SeqHistory
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, Summed, ViewStore
@@ -590,9 +591,49 @@ class Manager:
         if handle.maintainer.initial_order is not None:  # the initial load runs again
             history.begin(handle.maintainer.initial_order, info.bases)
         else:
-            released = {s: self.receiver.released_through(s) for s in info.bases}
-            history.restart(protocol.watermark, info.bases, protocol.first_queued(), released)
+            await self._recover_history(history, info.bases, units, protocol.watermark)
         handle.maintainer.start()
+
+    async def _recover_history(
+        self, history: SeqHistory, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int
+    ) -> None:
+        """The record of a loaded view's units at or below W after a restart, so that a cut
+        can read it before W again: the spans of its newest ``MAX_SPANS`` units, from their
+        first and last updates in the log, over what the state before them holds (the
+        initial load's bases when they are all of them)."""
+        done = [u for u in units if u.order <= watermark]
+        maintained = [u for u in done if u.log_ids]
+        tail = maintained[-MAX_SPANS:]
+        if len(tail) < len(maintained):
+            history.begin(tail[0].order - 1, await self._reflected(bases, units, tail[0].order - 1))
+        else:
+            history.begin(min(u.order for u in done), bases)  # the initial load's order
+        ids = [i for u in tail for i in (u.log_ids[0], u.log_ids[-1])]
+        entries = {
+            e.id: e
+            for start in range(0, len(ids), LOG_IDS_PER_READ)
+            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
+        }
+        history.add(
+            Span(u.order, entries[u.log_ids[0]].source, entries[u.log_ids[0]].seq, entries[u.log_ids[-1]].seq)
+            for u in tail
+        )
+
+    async def _reflected(self, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int) -> dict[str, int]:
+        """Per source, the last seq the view as of ``watermark`` holds: its base, or the last
+        update of its last unit at or below W that holds the source's updates (a unit holds
+        one source's, in seq order). Read back from the log newest unit first, until every
+        source is found."""
+        upto = dict(bases)
+        missing = set(bases)
+        last = [u.log_ids[-1] for u in reversed(units) if u.order <= watermark and u.log_ids]
+        for start in range(0, len(last), LOG_IDS_PER_READ):
+            if not missing:
+                break
+            for entry in await self.db(Catalog.log_entries, None, 0, last[start : start + LOG_IDS_PER_READ]):
+                upto[entry.source] = max(upto.get(entry.source, 0), entry.seq)
+                missing.discard(entry.source)
+        return upto
 
     async def _logged_updates(
         self, handle: ViewHandle, after: Mapping[str, int], skip: Collection[int] = ()

@@ -3,8 +3,8 @@
 Per view, the seq its initial load read each source at (its base) and, for every unit
 numbered since, the seqs it holds (``Span``: a unit is one source's updates). With what the
 view has queued, that tells the interval of seqs each of its states shows its sources at
-(``warehouse.consistent_cut``). After a restart the record starts at W, and the base is
-what W shows for certain: the last seq below what is numbered or queued above W.
+(``warehouse.consistent_cut``). After a restart the manager reads the spans of the newest
+units back from the update log (``Manager._recover_history``).
 """
 
 from __future__ import annotations
@@ -35,24 +35,14 @@ class SeqHistory:
 
     def number(self, units: Iterable[Unit]) -> None:
         """Units numbered (or numbered before a restart): their spans, kept in order."""
-        for u in units:
-            if u.updates:
-                span = Span(u.order, u.updates[0].source, u.updates[0].seq, u.updates[-1].seq)
-                if self.spans and self.spans[-1].order > u.order:  # recovered units come in any order
-                    bisect.insort(self.spans, span, key=lambda s: s.order)
-                else:
-                    self.spans.append(span)
+        self.add(Span(u.order, u.updates[0].source, u.updates[0].seq, u.updates[-1].seq) for u in units if u.updates)
 
-    def restart(
-        self, watermark: int, sources: Iterable[str], queued: Mapping[str, int], released: Mapping[str, int]
-    ) -> None:
-        """After a restart: the record starts at ``watermark``, with per source the last seq
-        below the first one numbered above W or queued (``released`` if none), which W shows
-        for certain (the seqs W holds are not known without reading every unit back)."""
-        seqs = ViewSeqs(watermark, dict.fromkeys(sources, 0), watermark, self.spans, queued)
-        self.base_order = watermark
-        self.base = {s: seqs.interval(watermark, s, released[s])[1] for s in seqs.sources}
-        self.spans = [s for s in self.spans if s.order > watermark]
+    def add(self, spans: Iterable[Span]) -> None:
+        for span in spans:
+            if self.spans and self.spans[-1].order > span.order:  # recovered units come in any order
+                bisect.insort(self.spans, span, key=lambda s: s.order)
+            else:
+                self.spans.append(span)
 
     def fold(self, watermark: int) -> None:
         """Keep at most ``MAX_SPANS`` spans: fold older committed ones into the base."""
