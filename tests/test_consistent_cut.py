@@ -110,7 +110,7 @@ def every_cut(views: dict[str, History], released: dict[str, int]) -> list[dict[
     return found
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(worlds())
 def test_the_cut_is_consistent_and_the_greatest(world):
     released, views = world
