@@ -34,3 +34,18 @@ async def test_a_cut_of_two_views_and_where_each_stands(tmp_path):
         assert (await c.get("/v1/cut", headers=env.auth("analyst"))).status_code == 422
         r = await c.get("/v1/cut", params={"view": ["v"]}, headers=env.auth("wrapper_a"))
         assert r.status_code == 403
+
+        # v is held before an update of a that a view defined now loads: none in common yet
+        assert (await c.post("/v1/views/v/pause", headers=env.auth("admin"))).status_code == 200
+        env.sources["a"].commit([("R", 1, (1, "y"))])
+        await env.sources["a"].ship()
+        r = await c.post("/v1/views", json={"sql": "SELECT R.k FROM a.R", "name": "late"}, headers=env.auth("admin"))
+        assert r.status_code == 201, r.text
+        await manager.wait_idle("late")
+        r = await c.get("/v1/cut", params={"view": ["v", "late"]}, headers=env.auth("analyst"))
+        assert r.status_code == 409 and r.headers["Retry-After"] == "1", r.text
+        assert "'late'" in r.json()["detail"] and "'a'" in r.json()["detail"]
+        assert (await c.post("/v1/views/v/resume", headers=env.auth("admin"))).status_code == 200
+        await manager.wait_idle("v")
+        r = await c.get("/v1/cut", params={"view": ["v", "late"]}, headers=env.auth("analyst"))
+        assert r.status_code == 200 and r.json()["seqs"]["a"] == 1, r.text
