@@ -59,6 +59,7 @@ from sqlglot.errors import SqlglotError
 
 from api.auth import Principal
 from warehouse import sql_bounds
+from warehouse.analysts.messages import PinnedView
 from warehouse.analysts.supervisor import (
     AnalystError,
     AnalystProcess,
@@ -67,9 +68,9 @@ from warehouse.analysts.supervisor import (
     QueryRefused,
     QueryTimedOut,
 )
-from warehouse.errors import Refused, Unsupported
+from warehouse.errors import Conflict, Refused, Unsupported
 from warehouse.manager import Manager
-from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX
+from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX, StoreError
 
 MAX_QUERY_ROWS = 10_000
 MAX_VIEW_SCANS = 256
@@ -579,6 +580,42 @@ def check_query(sql: str, views: Collection[str]) -> str:
     return out
 
 
+def query_views(sql: str, views: Collection[str]) -> list[str]:
+    """The views a checked statement reads (a CTE of the same name in scope hides a view).
+
+    >>> query_views("WITH a AS (SELECT * FROM b) SELECT * FROM a JOIN c ON a.x = c.x", ["a", "b", "C"])
+    ['C', 'b']
+    """
+    known = {v.lower(): v for v in views}
+    tree = _parse_query(sql)
+    found = {
+        known[table.name.lower()]
+        for table in tree.find_all(exp.Table)
+        if table.name.lower() in known and table.name.lower() not in ctes_in_scope(table)
+    }
+    return sorted(found)
+
+
+def pinned_views(manager: Manager, sql: str) -> dict[str, PinnedView]:
+    """The views a checked statement reads, each as of its order in their consistent cut
+    (docs/protocol.md, 'Consistent reads across views'), from the files its store record
+    names; none for a statement over one view, which is read as published. Conflict
+    (retryable) while the views have no state in common yet."""
+    names = query_views(sql, manager.views)
+    if len(names) < 2:
+        return {}
+    cut = manager.consistent_cut(names)
+    pinned = {}
+    for name in names:
+        try:
+            manager.view_store.check_as_of(name, cut.orders[name])
+            record = manager.view_store.record(name)
+        except StoreError as exc:  # compacted or dropped meanwhile
+            raise Conflict(f"{exc}; ask again", retry_after=1) from exc
+        pinned[name] = PinnedView(record=record.to_record(), as_of=cut.orders[name])
+    return pinned
+
+
 def view_scans(tree: exp.Expr) -> int:
     """How many times the statement reads a view once every CTE reference is replaced by the
     CTE's query, as Spark's analyzer does: a chain of CTEs that each read the one before twice
@@ -860,7 +897,9 @@ def analyst_error(exc: AnalystError) -> HTTPException:
     response_model=QueryOut,
     summary="Run a read-only SQL query over the views",
     description="One SELECT (set operations and WITH allowed) whose every table is a registered view, "
-    "evaluated in Spark SQL over the views as of their watermarks. Anything else (DDL, DML, file paths, "
+    "evaluated in Spark SQL over the views as of their watermarks; a statement over several views reads them "
+    "at one consistent cut, a state of their sources all of them show (409 with `Retry-After` while there is "
+    "none yet). Anything else (DDL, DML, file paths, "
     "other tables, functions outside the allow-list) is refused with 400 naming what is wrong. "
     "501 with the in-process store. Needs an analyst or admin token.",
     responses={
@@ -878,17 +917,36 @@ def analyst_error(exc: AnalystError) -> HTTPException:
         400: {"content": {"application/json": {"example": {"detail": "table 'pvm_zlog_order_details' is not a view"}}}},
         401: {"content": {"application/json": {"example": {"detail": "missing bearer token"}}}},
         403: {"content": {"application/json": {"example": {"detail": "this needs the analyst or admin role"}}}},
+        409: {
+            "content": {
+                "application/json": {
+                    "example": {
+                        "detail": "view(s) 'late' cannot be read at one state of source(s) 'shop' with the others "
+                        "yet: their oldest readable state is ahead of what the others have reached; ask again once "
+                        "the views have caught up"
+                    }
+                }
+            },
+            "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+        },
         501: {"content": {"application/json": {"example": {"detail": "queries need the Spark view store"}}}},
     },
 )
 async def query(body: QueryIn, request: Request) -> QueryOut:
-    """One read-only SELECT over the views (as of their watermarks), run by the analysts'
-    query process (``warehouse/analysts``), never in the process that maintains the views."""
+    """One read-only SELECT over the views (as of their watermarks, or of their consistent
+    cut when it reads several), run by the analysts' query process (``warehouse/analysts``),
+    never in the process that maintains the views."""
     manager = _manager(request)
     analysts = analysts_of(manager)
     views = list(manager.views)
     try:  # admitted first, then checked on the analysts' own threads, then run
-        result = await analysts.query(body.sql, body.limit, who(request), check=partial(check_query, views=views))
+        result = await analysts.query(
+            body.sql,
+            body.limit,
+            who(request),
+            check=partial(check_query, views=views),
+            pin=partial(pinned_views, manager),
+        )
     except QueryRejected as exc:
         raise Refused(str(exc)) from exc
     except AnalystError as exc:

@@ -249,6 +249,12 @@ class ViewOut(BaseModel):
     batch_size: int
     commit_mode: str
     watermark: int = Field(description="visibility watermark W: reads default to the view as of W")
+    frontier: dict[str, list[int]] | None = Field(
+        default=None,
+        description="per source, the seqs [lo, hi] the view as of W shows the source at: lo is the last of its "
+        "updates maintained at or below W, and the updates after it up to hi change nothing the view reads "
+        "(docs/protocol.md, 'Consistent reads across views'); null while the initial load runs",
+    )
     paused: bool
     idle: bool
     retrying: RetryOut | None = Field(
@@ -293,6 +299,17 @@ class ViewOut(BaseModel):
         description="running totals since the manager started: like Prometheus counters, they restart from zero "
         "when the manager restarts"
     )
+
+
+class CutOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={"example": {"orders": {"order_details": 312, "revenue": 97}, "seqs": {"shop": 4410}}}
+    )
+
+    orders: dict[str, int] = Field(
+        description="per view, the order to read it as of (`GET /v1/views/{name}/rows?as_of=`): at most its W"
+    )
+    seqs: dict[str, int] = Field(description="per source, the seq whose state every view shows at its order")
 
 
 class RowsOut(BaseModel):

@@ -62,6 +62,8 @@ def test_administrator_and_analyst_session(tmp_path, capsys):
         assert code == 0 and "active" in out and "v" in out
         code, out, _ = pvm(capsys, "view", "show", "v", *analyst, "--json")
         assert code == 0 and json.loads(out)["row_count"] == 3
+        code, out, _ = pvm(capsys, "view", "show", "v", *analyst)
+        assert code == 0 and "sources as of W (seq)" in out and "a 0, b 0" in out
         code, out, _ = pvm(capsys, "view", "rows", "v", "--limit", "2", *analyst)
         assert code == 0 and "rows 1-2 of 3" in out and "10" in out
         code, out, _ = pvm(capsys, "view", "rows", "v", *analyst, "--json")

@@ -32,9 +32,11 @@ from contract.value_fit import store_type_family, unfit_reason
 from contract.zset import ZSet
 from warehouse.aggregate import encode
 from warehouse.catalog.db import Catalog, CatalogCall
+from warehouse.consistent_cut import ViewSeqs
 from warehouse.counters import ViewCounters
 from warehouse.plan import ViewPlan
 from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
+from warehouse.seq_history import SeqHistory
 from warehouse.sources import SourceClient, SourceError
 from warehouse.sources import is_transient as source_unavailable
 from warehouse.store import Effect, StoreError, ViewStore
@@ -148,6 +150,7 @@ class ViewMaintainer:
         self.paused = False
         self.failed: str | None = None
         self.initial_order: int | None = None
+        self.history = SeqHistory()  # the seqs of the sources each of its states shows
         self.retrying: dict[str, Retry] = {}  # at most one per PPU slot, plus commit and start
         self.progress_at = time.monotonic()  # a unit started, maintained or committed; work arrived
         self._published = 0  # the W readers see in the store
@@ -220,9 +223,11 @@ class ViewMaintainer:
             self.progress_at = time.monotonic()
         self.start()
 
-    async def begin_initial_load(self) -> None:
+    async def begin_initial_load(self, bases: Mapping[str, int]) -> None:
+        """Load the view, each source as of seq ``bases[source]``."""
         unit = self.protocol.start_initial()
         self.initial_order = unit.order
+        self.history.begin(unit.order, bases)
         await self.db(Catalog.start_unit, self.name, unit.order, [])
         self._spawn(unit)
 
@@ -241,6 +246,7 @@ class ViewMaintainer:
         first, with their order numbers (``start`` runs them)."""
         units = list(units)
         self.protocol.recover(units)
+        self.history.number(units)
         self.initial_order = next((u.order for u in units if u.initial), self.initial_order)
 
     # -- MaintenanceManager -------------------------------------------------------------------
@@ -252,6 +258,7 @@ class ViewMaintainer:
                 unit = self.protocol.restart()  # numbered units that wait go first
                 if unit is None:
                     unit = self.protocol.start()
+                    self.history.number([unit])  # at once: its updates are no longer queued
                     log_ids = [u.log_id for u in unit.updates]
                     start = partial(self.db, Catalog.start_unit, self.name, unit.order, log_ids)
                     await self._retrying("start", start, always)
@@ -445,6 +452,7 @@ class ViewMaintainer:
         self.counters.commit_groups += 1
         self.counters.group_sizes.observe(effects)
         self.counters.last_commit_at = time.time()
+        self.history.fold(self.protocol.watermark)
 
     async def _publish(self) -> None:
         """Point readers at W if the store shows an older one (also after a failed publish)."""
@@ -452,6 +460,15 @@ class ViewMaintainer:
         if self._published < watermark:
             await run_blocking(self.store_executor, self.store.publish, self.name, watermark)
             self._published = watermark
+
+    # -- consistent cuts ------------------------------------------------------------------------
+    def seqs(self, readable_from: int = 0) -> ViewSeqs | None:
+        """What the view's states show of its sources (``warehouse.consistent_cut``); None
+        while it has no state to show (the initial load runs) or its queue is being read
+        back from the update log (what it has queued is not known until then)."""
+        if self.initial_order is not None or self._resuming.locked():
+            return None
+        return self.history.seqs(self.protocol.watermark, self.protocol.first_queued(), readable_from)
 
     # -- quiescence ------------------------------------------------------------------------------
     def _check_idle(self) -> None:

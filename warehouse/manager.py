@@ -28,7 +28,8 @@ from contract.zset import ZSet, row_order
 from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.supervisor import AnalystProcess
-from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, ViewInfo
+from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, UnitInfo, ViewInfo
+from warehouse.consistent_cut import Cut, NoConsistentCut, Span, ViewSeqs, consistent_cut
 from warehouse.deltas import DeltaExtractor
 from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
@@ -37,6 +38,7 @@ from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSett
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
+from warehouse.seq_history import MAX_SPANS, SeqHistory
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, Summed, ViewStore
@@ -87,6 +89,7 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
 
 
 STALL_AFTER_S = 60.0
+CUT_RETRY_AFTER_S = 1  # what a reader hears when views have no state in common yet
 LOG_IDS_PER_READ = 900  # an IN list within every SQLite's limit on bound parameters
 
 
@@ -426,7 +429,7 @@ class Manager:
             handle.bases = bases
             handle.maintainer.protocol.drop_queued(bases)
             handle.maintainer.start()
-            await handle.maintainer.begin_initial_load()
+            await handle.maintainer.begin_initial_load(bases)
             return info
 
     async def _forget_failed_view(self, plan: ViewPlan, recorded: bool) -> None:
@@ -583,7 +586,54 @@ class Manager:
         loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
         handle.maintainer.recover(waiting)  # they wait for PPU slots, oldest first
+        history = handle.maintainer.history
+        history.number(u for u in rebuilt if recorded[u.order])  # retained: numbered above W too
+        if handle.maintainer.initial_order is not None:  # the initial load runs again
+            history.begin(handle.maintainer.initial_order, info.bases)
+        else:
+            await self._recover_history(history, info.bases, units, protocol.watermark)
         handle.maintainer.start()
+
+    async def _recover_history(
+        self, history: SeqHistory, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int
+    ) -> None:
+        """The record of a loaded view's units at or below W after a restart, so that a cut
+        can read it before W again: the spans of its newest ``MAX_SPANS`` units, from their
+        first and last updates in the log, over what the state before them holds (the
+        initial load's bases when they are all of them)."""
+        done = [u for u in units if u.order <= watermark]
+        maintained = [u for u in done if u.log_ids]
+        tail = maintained[-MAX_SPANS:]
+        if len(tail) < len(maintained):
+            history.begin(tail[0].order - 1, await self._reflected(bases, units, tail[0].order - 1))
+        else:
+            history.begin(min(u.order for u in done), bases)  # the initial load's order
+        ids = [i for u in tail for i in (u.log_ids[0], u.log_ids[-1])]
+        entries = {
+            e.id: e
+            for start in range(0, len(ids), LOG_IDS_PER_READ)
+            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
+        }
+        history.add(
+            Span(u.order, entries[u.log_ids[0]].source, entries[u.log_ids[0]].seq, entries[u.log_ids[-1]].seq)
+            for u in tail
+        )
+
+    async def _reflected(self, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int) -> dict[str, int]:
+        """Per source, the last seq the view as of ``watermark`` holds: its base, or the last
+        update of its last unit at or below W that holds the source's updates (a unit holds
+        one source's, in seq order). Read back from the log newest unit first, until every
+        source is found."""
+        upto = dict(bases)
+        missing = set(bases)
+        last = [u.log_ids[-1] for u in reversed(units) if u.order <= watermark and u.log_ids]
+        for start in range(0, len(last), LOG_IDS_PER_READ):
+            if not missing:
+                break
+            for entry in await self.db(Catalog.log_entries, None, 0, last[start : start + LOG_IDS_PER_READ]):
+                upto[entry.source] = max(upto.get(entry.source, 0), entry.seq)
+                missing.discard(entry.source)
+        return upto
 
     async def _logged_updates(
         self, handle: ViewHandle, after: Mapping[str, int], skip: Collection[int] = ()
@@ -704,6 +754,44 @@ class Manager:
         page = await self.analysts.rows(record.to_record(), pinned, offset, limit, who)
         return watermark, pinned, page.total, page.rows
 
+    def consistent_cut(self, names: Sequence[str]) -> Cut:
+        """An order per view of ``names`` at which they all show one state of their sources,
+        the latest there is (``warehouse.consistent_cut``): read each view as of its order.
+        Conflict (retryable) while a view has no state yet, or none in common with the others."""
+        views = {name: self._seqs(name) for name in dict.fromkeys(names)}
+        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
+        try:
+            return consistent_cut(views, released)
+        except NoConsistentCut as exc:
+            raise Conflict(str(exc), retry_after=CUT_RETRY_AFTER_S) from exc
+
+    def _seqs(self, name: str) -> ViewSeqs:
+        handle = self.view(name)
+        readable_from = 0
+        if self.view_store.engine == "spark":
+            try:
+                readable_from = self.view_store.record(name).compacted_through
+            except StoreError as exc:
+                raise NotFound(str(exc)) from exc
+        seqs = handle.maintainer.seqs(readable_from)
+        if seqs is None:
+            raise Conflict(
+                f"view {name!r} has no state to read together with others yet (its initial load runs, or its "
+                "queue is being read back as it resumes); ask again in a moment",
+                retry_after=CUT_RETRY_AFTER_S,
+            )
+        return seqs
+
+    def frontier(self, name: str) -> dict[str, list[int]] | None:
+        """Per source, the seqs ``[lo, hi]`` the view as of W shows the source at (any of
+        them: the updates between change nothing it reads); None while it has no state."""
+        seqs = self.view(name).maintainer.seqs()
+        if seqs is None:
+            return None
+        return {
+            s: list(seqs.interval(seqs.watermark, s, self.receiver.released_through(s))) for s in sorted(seqs.sources)
+        }
+
     def status(self, name: str) -> dict[str, Any]:
         handle = self.view(name)
         m = handle.maintainer
@@ -718,6 +806,7 @@ class Manager:
             "batch_size": handle.info.batch_size,
             "commit_mode": handle.info.commit_mode,
             "watermark": m.protocol.watermark,
+            "frontier": self.frontier(name),
             "paused": m.paused,
             "idle": m.idle,
             "retrying": retry_status(m),

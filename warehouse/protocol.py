@@ -447,6 +447,21 @@ class ViewProtocol:
             oldest_invisible=self.oldest_invisible(),
         )
 
+    def first_queued(self) -> dict[str, int]:
+        """Per source, the first seq received and in no unit yet (in the UMQ or shelved).
+
+        >>> p = ViewProtocol(parallelism=1)
+        >>> for seq in (4, 5):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {}))
+        >>> p.first_queued(), p.shelve(), p.first_queued()
+        ({'s': 4}, None, {'s': 4})
+        """
+        first = self.umq.first_seqs()
+        if self.shelf is not None:
+            for source, after in self.shelf.after.items():
+                first[source] = min(first.get(source, after + 1), after + 1)
+        return first
+
     @property
     def queued(self) -> int:
         """Updates received and in no unit yet: in the UMQ, or shelved."""

@@ -83,6 +83,10 @@ class UpdateQueue:
     def queued_from(self, source: str) -> int:
         return len(self._by_source.get(source, ()))
 
+    def first_seqs(self) -> dict[str, int]:
+        """Per source, the seq of its first queued update."""
+        return {source: queue[0].seq for source, queue in self._by_source.items() if queue}
+
     def take(self, source: str, most: int) -> list[ViewUpdate]:
         """The first ``most`` queued updates of ``source``, out of the queue."""
         queue = self._by_source.get(source)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from api import analyst
 from api.auth import Principal
 from api.manager_models import (
+    CutOut,
     RowsOut,
     ViewIn,
     ViewOut,
@@ -124,6 +125,24 @@ def router_for(manager: Manager) -> APIRouter:
     async def resume_view(name: str = Path(max_length=200), _: Principal = Depends(ADMIN)) -> ViewOut:
         await manager.resume_view(name)
         return await status(name)
+
+    @router.get(
+        "/v1/cut",
+        response_model=CutOut,
+        summary="A consistent cut of several views",
+        description="The latest orders at which the named views all show one state of their sources (per source, "
+        "the seq of that state): read each view's rows as of its order and the rows of all of them reflect the same "
+        "source updates (docs/protocol.md, 'Consistent reads across views'). Views that share no source are each "
+        "at their W. 409 with `Retry-After` while a view has no state in common with the others yet (an initial "
+        "load runs, or a view loaded later than what another has reached). Analysts and admins.",
+        responses=errors(*AUTH, 404, 409),
+    )
+    async def cut(
+        view: list[str] = Query(min_length=1, max_length=100, description="a view to read; repeat for each"),
+        _: Principal = Depends(ANALYST),
+    ) -> CutOut:
+        found = manager.consistent_cut(view)
+        return CutOut(orders=found.orders, seqs=found.seqs)
 
     @router.get(
         "/v1/views/{name}/rows",

@@ -221,6 +221,15 @@ def _trouble(view: dict) -> list[tuple[str, str]]:
     return lines
 
 
+def _frontier(view: dict) -> list[tuple[str, str]]:
+    """Per source, the seqs the view as of W shows it at (absent from older managers)."""
+    frontier = view.get("frontier")
+    if not frontier:
+        return []
+    shown = ", ".join(f"{s} {lo}" if lo == hi else f"{s} {lo}-{hi}" for s, (lo, hi) in sorted(frontier.items()))
+    return [("sources as of W (seq)", shown)]
+
+
 def _show(view: dict) -> None:
     c = view["counters"]
     print_fields(
@@ -234,6 +243,7 @@ def _show(view: dict) -> None:
             ),
             *_trouble(view),
             ("watermark W", view["watermark"]),
+            *_frontier(view),
             ("rows", f"{view['row_count']} (as of {view['row_count_as_of']})"),
             (
                 "updates pending",

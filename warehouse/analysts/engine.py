@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from contract.schemas import encode_value
 from warehouse.analysts.messages import (
+    PinnedView,
     Published,
     QueryRequest,
     QueryResult,
@@ -160,7 +161,8 @@ class Engine:
 
     def query(self, request: QueryRequest) -> QueryResult:
         def work() -> QueryResult:
-            frame = self.spark.sql(request.sql)
+            session = self._pinned(request.views) if request.views else self.spark
+            frame = session.sql(request.sql)
             table = frame.limit(request.limit + 1).toArrow()
             columns = list(frame.columns)
             data = [table.column(i).to_pylist() for i in range(table.num_columns)]
@@ -169,6 +171,24 @@ class Engine:
             return QueryResult(columns=columns, rows=fitted, truncated=cut or len(rows) > request.limit)
 
         return self._tagged(request.tag, work)
+
+    def _pinned(self, views: dict[str, PinnedView]) -> Any:
+        """A session of its own in which each of ``views`` is a temporary view of its state as
+        of its order, read from the files its record names: temporary views hide the catalog
+        views of the same name (the published ones), and a CTE still hides both."""
+        from warehouse.store.spark_records import ViewMeta
+        from warehouse.store.spark_rows import RowCodec
+        from warehouse.store.spark_sql import shown_sql
+
+        session = self.spark.newSession()
+        for i, (name, pinned) in enumerate(sorted(views.items())):
+            meta = ViewMeta.from_record(pinned.record)
+            codec = RowCodec(meta.columns, meta.types)
+            base, zlog = f"pvm_cut_base_{i}", f"pvm_cut_zlog_{i}"
+            session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView(base)
+            session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView(zlog)
+            session.sql(shown_sql(base, zlog, meta.columns, meta.summed, pinned.as_of)).createOrReplaceTempView(name)
+        return session
 
     def rows(self, request: RowsRequest) -> RowsResult:
         from warehouse.store.spark_names import WEIGHT

@@ -18,9 +18,20 @@ class Published(BaseModel):
     reset: bool = False
 
 
+class PinnedView(BaseModel):
+    """A view read as of ``as_of`` from the files ``record`` names, not as published."""
+
+    record: dict[str, Any]
+    as_of: int
+
+
 class QueryRequest(BaseModel):
     sql: str = Field(description="checked Spark SQL over the views")
     limit: int = Field(ge=1)
+    views: dict[str, PinnedView] = Field(
+        default_factory=dict,
+        description="views the query reads at these orders (a consistent cut) instead of as published",
+    )
     tag: str = Field(description="the job tag the query runs under, for cancellation")
     max_bytes: int = Field(ge=1, description="rows beyond this size of the answer are cut (truncated)")
 

@@ -53,6 +53,7 @@ import httpx
 
 from warehouse.analysts.engine import CONNECT_TOKEN_ENV
 from warehouse.analysts.messages import (
+    PinnedView,
     Published,
     QueryRequest,
     QueryResult,
@@ -499,14 +500,24 @@ class AnalystProcess:
         the event loop, and not on the pool that maintenance shares)."""
         return await asyncio.get_running_loop().run_in_executor(self._checks, check, *args)
 
-    async def query(self, sql: str, limit: int, who: str, check: Callable[[str], str] | None = None) -> QueryResult:
+    async def query(
+        self,
+        sql: str,
+        limit: int,
+        who: str,
+        check: Callable[[str], str] | None = None,
+        pin: Callable[[str], dict[str, PinnedView]] | None = None,
+    ) -> QueryResult:
         """Run analyst SQL, checked first by ``check`` (``api/analyst.py``'s ``check_query``)
-        once the request is admitted: a refused statement costs its slot for the check only."""
+        once the request is admitted: a refused statement costs its slot for the check only.
+        ``pin``: the views the checked SQL reads at given orders (a consistent cut), asked
+        on the event loop once the check has passed."""
         with self.admit(who):
             if check is not None:
                 sql = await self.check(check, sql)
+            views = pin(sql) if pin is not None else {}
             tag = f"pvm-query-{uuid.uuid4().hex}"
-            request = QueryRequest(sql=sql, limit=limit, tag=tag, max_bytes=self.settings.max_result_bytes)
+            request = QueryRequest(sql=sql, limit=limit, views=views, tag=tag, max_bytes=self.settings.max_result_bytes)
             return QueryResult.model_validate(await self._call("/query", request.model_dump_json(), tag))
 
     async def rows(self, record: dict[str, Any], as_of: int | None, offset: int, limit: int, who: str) -> RowsResult:
