@@ -45,10 +45,12 @@ class SeqHistory:
                 self.spans.append(span)
 
     def fold(self, watermark: int) -> None:
-        """Keep at most ``MAX_SPANS`` spans: fold older committed ones into the base."""
+        """Keep at most ``MAX_SPANS`` spans: past it, fold the older committed ones into the
+        base, down to half of it, so that the list is rebuilt once per ``MAX_SPANS / 2``
+        units rather than at every commit."""
         if self.base_order is None or len(self.spans) <= MAX_SPANS:
             return
-        upto = min(watermark, self.spans[-MAX_SPANS].order - 1)
+        upto = min(watermark, self.spans[-(MAX_SPANS // 2)].order - 1)
         for span in self.spans:
             if span.order > upto:
                 break
