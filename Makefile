@@ -3,6 +3,9 @@
 # The virtualenv: $PVM_VENV if set (as the README says), else ~/.cache/pvm/venv.
 VENV ?= $(or $(PVM_VENV),$(HOME)/.cache/pvm/venv)
 export PVM_VENV := $(VENV)
+# pytest-xdist workers of make test: the Spark tests share one (one session JVM, --dist
+# loadgroup and their xdist_group in tests/conftest.py), the rest spread over all
+WORKERS ?= 2
 
 .PHONY: setup demo test test-fast check format
 setup:
@@ -14,12 +17,12 @@ demo: setup
 test: setup
 	@bash scripts/test_tools.sh
 	@bash scripts/services.sh
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup
 
 # no Spark, no database servers: a few minutes
 test-fast: setup
 	@bash scripts/test_tools.sh
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not servers"
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(WORKERS) -m "not spark and not servers"
 
 check: setup
 	$(VENV)/bin/ruff check .

@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-port", type=int, default=-1, help="Spark Connect on loopback; -1: none")
     parser.add_argument("--spark-conf", action="append", default=[])
     parser.add_argument("--reap-after", type=float, default=10.0, help="seconds cancelled tasks may keep running")
+    parser.add_argument("--parent-pid", type=int, help="end when this process (the manager) is no longer the parent")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    exit_with_parent()  # before Spark starts: an orphan must not get as far as a JVM of its own
+    exit_with_parent(args.parent_pid)  # before Spark starts: an orphan must not get as far as a JVM of its own
 
     spark = start_spark(args)
     connect_port = None

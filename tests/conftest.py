@@ -12,6 +12,10 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
   than skips, without it. It needs neither Spark nor the servers, and takes a few seconds.
 
 ``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
+
+``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: every Spark test is in
+the group ``spark``, so one worker runs them all on one Spark session, and the other tests
+spread over every worker. A test must therefore not assume the machine to itself.
 """
 
 from __future__ import annotations

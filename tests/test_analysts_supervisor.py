@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from warehouse.analysts.engine import CONNECT_TOKEN_ENV
+from warehouse.analysts.engine import CONNECT_TOKEN_ENV, ORPHANED_EXIT
 from warehouse.analysts.supervisor import AnalystProcess, AnalystsBusy, AnalystSettings
 
 
@@ -220,9 +220,9 @@ def test_the_process_ends_with_the_manager_that_started_it(tmp_path) -> None:
         [
             sys.executable,
             "-c",
-            "import subprocess, sys, time\n"
+            "import os, subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-m', 'api.analysts_worker', '--socket', sys.argv[1],"
-            " '--work-dir', sys.argv[2]], start_new_session=True,"
+            " '--work-dir', sys.argv[2], '--parent-pid', str(os.getpid())], start_new_session=True,"
             " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "print(child.pid, flush=True)\n"
             "time.sleep(120)\n",
@@ -254,3 +254,29 @@ def test_the_process_ends_with_the_manager_that_started_it(tmp_path) -> None:
     if alive:
         os.killpg(worker, signal.SIGKILL)
     assert not alive, "the orphaned query process (or its JVM) kept running"
+
+
+def test_a_process_whose_manager_died_before_it_looked_exits_at_once(tmp_path) -> None:
+    """The manager can die while the query process is still importing; by the time it looks,
+    another process is its parent. Told the manager's pid, it exits before starting Spark."""
+    import sys
+
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api.analysts_worker",
+            "--socket",
+            str(tmp_path / "q.sock"),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--parent-pid",
+            "1",  # not this test, its parent: as if the manager had already gone
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == ORPHANED_EXIT, started.stderr
+    assert "the manager that started this process is gone" in started.stderr
+    assert not (tmp_path / "work" / "spark.log").exists()  # no JVM was started

@@ -85,7 +85,10 @@ async def test_view_over_three_databases_matches_recomputation(
         assert manager.view("v").maintainer.failed is None
         assert sum(writers.committed) >= 180
         released = {s: manager.receiver.released_through(s) for s in urls}
-        assert min(released.values()) > 5, (released, manager.source_health)  # every source shipped many updates
+        # every source shipped many updates; snapshot capture ships one per snapshot that
+        # found changes, and a busy machine takes fewer snapshots in the writers' time
+        floors = {s: 2 if s == "lite" and lite_capture == "snapshot" else 5 for s in urls}
+        assert all(released[s] > floors[s] for s in urls), (released, manager.source_health)
         checked = await check_oracle(manager, "v", initial)
         # every W checked; a backlog is maintained in sets (adaptive batching), so there are
         # fewer W than updates: this many still cover every source several times over

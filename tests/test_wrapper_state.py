@@ -90,6 +90,15 @@ def test_a_recreated_outbox_is_not_mistaken_for_the_old_one(tmp_path: Path) -> N
         Wrapper(config)
 
 
+async def returned(engine, seconds: float = 10.0) -> None:
+    """Wait until every connection of ``engine`` is back in its pool: a snapshot closes in its
+    own thread, which a busy machine may run late."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while engine.pool.checkedout():
+        assert asyncio.get_running_loop().time() < deadline, "a closed snapshot kept its connection"
+        await asyncio.sleep(0.01)
+
+
 async def test_snapshot_threads_are_reused_once_closed(tmp_path: Path) -> None:
     """A subquery's snapshot runs in a thread of its own; a closed snapshot's thread serves
     the next one, and a snapshot whose first step fails closes its connection."""
@@ -109,12 +118,11 @@ async def test_snapshot_threads_are_reused_once_closed(tmp_path: Path) -> None:
         assert len(idents) == 2  # open snapshots never share a thread
         first.close()
         second.close()
-        await asyncio.sleep(0.05)  # closing runs in the snapshot's own thread
+        await returned(engine)  # closing runs in the snapshot's own thread
         third = await Snapshot.open(capture, engine)
         assert await third.run(lambda _: threading.current_thread()) in idents
         third.close()
-        await asyncio.sleep(0.05)
-        assert engine.pool.checkedout() == 0
+        await returned(engine)
 
         def fail(_: object) -> None:
             raise RuntimeError("capture failed")

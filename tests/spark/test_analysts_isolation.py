@@ -114,14 +114,20 @@ async def test_a_query_that_kills_the_jvm_restarts_only_the_query_process(
                 "SELECT length(aggregate(collect_list(CAST(a.id AS STRING)), 'y', (acc, x) -> concat(acc, acc))) "
                 f"FROM {view} a, {view} b"
             )
-            answer = await api.post("/v1/query", json={"sql": sql})
+            # on a busy machine the doubling may not reach the heap within the short time
+            # limit: the query is then cancelled (400 naming the limit) and sent again
+            for _ in range(3):
+                await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
+                answer = await api.post("/v1/query", json={"sql": sql})
+                if not (answer.status_code == 400 and "ran longer" in answer.text):
+                    break
             assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
             assert "restarted" in answer.json()["detail"]
             health = await api.get("/v1/health")
             assert health.status_code == 200 and health.json()["ok"]
             await maintained_meanwhile(manager, sources, spark_store, view)
             await wait_until(lambda: small_analysts.ready, 120, "the query process came back")
-            assert small_analysts.restarts == restarts + 1
+            assert small_analysts.restarts >= restarts + 1  # a cancelled try's tasks may have ended one too
             await settle(manager, spark_store, view)
             # the new process answers; on a busy machine its first read of the view may still
             # meet the short time limit, which is a 400 naming the limit, and is asked again

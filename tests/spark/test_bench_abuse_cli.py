@@ -41,6 +41,10 @@ def test_bench_abuse_samples_both_phases_and_every_attack(spark, tmp_path) -> No
         ), kind
         assert attack["status_5xx_unexpected"] == 0, attack["server_errors"]
     assert figures["status_5xx_unexpected"] == 0
-    # bad tokens are refused, and throttled once they come more than 10 a second
-    assert set(figures["attacks"]["bad_tokens"]["statuses"]) <= {"401", "429"}
-    assert "429" in figures["attacks"]["bad_tokens"]["statuses"]
+    # bad tokens are refused, and throttled once they come more than 10 a second: on a busy
+    # machine the attack may not reach that rate in 3 s (tests/test_api_auth_cost.py holds
+    # the throttle itself to it)
+    bad_tokens = figures["attacks"]["bad_tokens"]
+    assert set(bad_tokens["statuses"]) <= {"401", "429"}
+    if bad_tokens["sent"] > 3 * 20:
+        assert "429" in bad_tokens["statuses"], bad_tokens

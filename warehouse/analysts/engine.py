@@ -268,22 +268,32 @@ def exit_if_jvm_gone(spark: Any) -> None:
         os._exit(JVM_DIED_EXIT)
 
 
-def exit_with_parent(interval: float = 1.0) -> None:
+def exit_with_parent(parent: int | None = None, interval: float = 1.0) -> None:
     """End this process, and its JVM, once the manager that started it is gone: a manager
     killed with -9 cannot end it, and every restart would leave one more JVM holding its
     memory. The supervisor starts it as the leader of a process group of its own, so the
-    whole group goes; started any other way, only this process exits."""
-    parent = os.getppid()
+    whole group goes; started any other way, only this process exits.
 
-    def loop() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval)
+    ``parent``: the manager's pid, as the supervisor passes it. A manager killed while this
+    process was still importing has already handed it to another parent, so the parent it
+    has now would be watched for ever; with the pid it was started by, it exits at once.
+    None: the parent it has now."""
+    parent = os.getppid() if parent is None else parent
+
+    def orphaned() -> None:
         log.error("the manager that started this process is gone: exiting")
         logging.shutdown()
         if os.getpgrp() == os.getpid():
             os.killpg(os.getpid(), signal.SIGKILL)
         os._exit(ORPHANED_EXIT)
 
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        orphaned()
+
+    if os.getppid() != parent:
+        orphaned()  # here, before the caller goes on to start a JVM
     threading.Thread(target=loop, name="parent-watch", daemon=True).start()
 
 

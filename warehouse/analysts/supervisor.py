@@ -297,6 +297,8 @@ class AnalystProcess:
             str(s.connect_port),
             "--reap-after",
             str(s.grace_s),
+            "--parent-pid",
+            str(os.getpid()),
         ]
         for key, value in s.spark_conf.items():
             command += ["--spark-conf", f"{key}={value}"]
