@@ -97,4 +97,5 @@ def _plot_freshness(ax: Any, runs: dict[str, dict[str, Any]]) -> None:
     ax.set_xticks(range(len(sources)), [f"{SOURCES[s]}" for s in sources])
     ax.set_ylabel("marker commit to visible as of W (s)")
     ax.set_title("freshness (SQLite: triggers in every run)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
+    ax.legend(fontsize=8, ncol=2, loc="upper left")
