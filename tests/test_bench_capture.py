@@ -28,6 +28,7 @@ RUN_KEYS = {
     "watermarks_checked_by_oracle",
     "oracle",
     "compensations",
+    "subqueries",
     "freshness_seconds",
 }
 TINY = ["--transactions", "12", "--statements", "2", "--connections", "2", "--rows", "40"]
@@ -114,6 +115,8 @@ def test_bench_capture_measures_both_methods_side_by_side(
         assert run["oracle"] == "passed" and run["watermarks_checked_by_oracle"] >= 1, method
         assert run["source_transactions_committed"] >= 1 and run["marker_transactions"] >= 1, method
         assert positive(run["source_transactions_per_second"]) and positive(run["writing_seconds"]), method
+        assert run["subqueries"] and set(run["subqueries"]) <= {"pg", "my", "lite"}, method
+        assert all(sub["count"] >= 1 and positive(sub["mean_seconds"]) for sub in run["subqueries"].values()), method
         assert run["freshness_seconds"] and set(run["freshness_seconds"]) <= {"pg", "my", "lite"}, method
         for source, lag in run["freshness_seconds"].items():
             assert set(lag) == {"p50", "p95", "max"}, (method, source)

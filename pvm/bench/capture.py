@@ -351,6 +351,11 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace) -> 
         "watermarks_checked_by_oracle": checked,
         "oracle": "passed",
         "compensations": maintainer.counters.compensations,
+        # the watermark waits for subqueries: their time per source shows where a slower view waits
+        "subqueries": {
+            source: {"count": h.count, "mean_seconds": h.mean()}
+            for source, h in sorted(maintainer.counters.subquery_seconds.items())
+        },
         "freshness_seconds": {
             source: {"p50": quantile(v, 0.5), "p95": quantile(v, 0.95), "max": max(v)}
             for source, v in lags.items()

@@ -33,6 +33,10 @@ def print_freshness_run(method: str, run: dict[str, Any]) -> None:
     )
     for source, lag in run["freshness_seconds"].items():
         print(f"  freshness {source:4s}: p50 {lag['p50']:.3f} s, p95 {lag['p95']:.3f} s, max {lag['max']:.3f} s")
+    subqueries = ", ".join(
+        f"{source} {sub['count']} x {1000 * sub['mean_seconds']:.1f} ms" for source, sub in run["subqueries"].items()
+    )
+    print(f"  subqueries (number x mean time): {subqueries}")
 
 
 def print_freshness_ratios(ratios: dict[str, dict[str, float]]) -> None:
