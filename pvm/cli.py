@@ -28,7 +28,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "diff": ("pvm.bench.diff", "snapshot differential algorithms against reading both snapshots"),
     "capture": (
         "pvm.bench.capture",
-        "trigger capture's cost to source writes, and view freshness over PostgreSQL + MariaDB + SQLite",
+        "trigger and log capture's cost to source writes, and view freshness with each over three databases",
     ),
     "commit": ("pvm.bench.commit", "Spark store: grouped commits vs one append per effect, and freshness under load"),
     "workload": (

@@ -1,84 +1,155 @@
 """A smoke test of ``pvm bench capture`` with tiny sizes against the local PostgreSQL and
-MariaDB: it runs, its JSON file has every figure, and the ratios are positive numbers."""
+MariaDB: one run measures no capture, trigger capture and log capture side by side, its
+JSON file has every figure and the ratios follow from them, and the plot is written; no
+slot, publication or scratch schema is left on the servers."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from pvm.bench import capture
+from pvm.bench.capture import MARIADB_URL, PG_URL
 from pvm.cli import main as pvm_main
 
-WRITE_COST_KEYS = {
-    "seconds_without_capture",
-    "seconds_with_capture",
-    "transactions_per_second_without",
-    "transactions_per_second_with",
-    "ratio",
-}
-FRESHNESS_KEYS = {
+WRITE_COST_KEYS = {"seconds", "transactions_per_second", "ratio_to_none"}
+RUN_KEYS = {
+    "capture",
     "source_transactions_committed",
+    "source_transactions_per_second",
     "marker_transactions",
     "writing_seconds",
     "converged_seconds_after_writers",
     "watermarks_checked_by_oracle",
     "oracle",
     "compensations",
+    "subqueries",
     "freshness_seconds",
 }
+TINY = ["--transactions", "12", "--statements", "2", "--connections", "2", "--rows", "40"]
 
 
 def positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+@pytest.fixture
+def scratch_names(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the scratch schemas and databases the benchmark makes, as it makes them."""
+    names: list[str] = []
+    make = capture.scratch_name
+
+    def recorded() -> str:
+        names.append(make())
+        return names[-1]
+
+    monkeypatch.setattr(capture, "scratch_name", recorded)
+    return names
+
+
+def leftovers(names: list[str]) -> list[str]:
+    """What of the scratch ``names`` is still on the servers: schemas, databases, and log
+    capture's slots and publications (named ``pvm_test_<schema>``)."""
+    found: list[str] = []
+    pg = sa.create_engine(PG_URL)
+    with pg.connect() as conn:
+        for query in (
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(:slots)",
+            "SELECT pubname FROM pg_publication WHERE pubname = ANY(:slots)",
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(:names)",
+        ):
+            params = {"slots": [f"pvm_test_{n}" for n in names], "names": names}
+            found += [name for (name,) in conn.execute(sa.text(query), params)]
+    pg.dispose()
+    my = sa.create_engine(MARIADB_URL)
+    with my.connect() as conn:
+        databases = {name for (name,) in conn.exec_driver_sql("SHOW DATABASES")}
+    my.dispose()
+    return found + sorted(databases & set(names))
+
+
+def check_write_cost(cost: dict, methods: list[str], rounds: int) -> None:
+    assert set(cost) == WRITE_COST_KEYS
+    assert set(cost["seconds"]) == set(cost["transactions_per_second"]) == {"none", *methods}
+    assert set(cost["ratio_to_none"]) == set(methods)
+    for mode, seconds in cost["seconds"].items():
+        assert len(seconds) == rounds and all(positive(s) for s in seconds), mode
+        assert math.isclose(cost["transactions_per_second"][mode], 12 / statistics.median(seconds)), mode
+    for method in methods:
+        expected = statistics.median(cost["seconds"][method]) / statistics.median(cost["seconds"]["none"])
+        assert math.isclose(cost["ratio_to_none"][method], expected), method
+
+
 @pytest.mark.servers
-def test_bench_capture_writes_its_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_capture_measures_both_methods_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scratch_names: list[str]
+) -> None:
     out = tmp_path / "figures" / "capture.json"
     argv = [
-        "bench", "capture", "--transactions", "12", "--statements", "2", "--connections", "2", "--rows", "40",
-        "--rounds", "1", "--view-transactions", "12", "--marker-interval", "0.02", "--json", str(out),
+        "bench", "capture", *TINY, "--rounds", "2", "--view-transactions", "12", "--marker-interval", "0.02",
+        "--json", str(out),
     ]  # fmt: skip
     assert pvm_main(argv) == 0
     printed = capsys.readouterr().out
-    assert "time ratio" in printed and f"wrote {out}" in printed
+    assert "trigger/none" in printed and "log/none" in printed and "freshness log/trigger" in printed
+    assert f"wrote {out} and {out.with_suffix('.png')}" in printed
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
     results = json.loads(out.read_text())
     assert set(results) == {"settings", "write_cost", "freshness"}
-    assert results["settings"]["transactions"] == "12" and results["settings"]["rounds"] == "1"
+    assert results["settings"]["method"] == "both" and results["settings"]["rounds"] == "2"
     assert set(results["write_cost"]) == {"postgresql", "mariadb"}
-    for name, cost in results["write_cost"].items():
-        assert set(cost) == WRITE_COST_KEYS, name
-        assert positive(cost["ratio"]), (name, cost["ratio"])
-        assert positive(cost["transactions_per_second_without"]) and positive(cost["transactions_per_second_with"])
-        assert len(cost["seconds_without_capture"]) == len(cost["seconds_with_capture"]) == 1
-        assert all(positive(s) for s in cost["seconds_without_capture"] + cost["seconds_with_capture"])
-        median_ratio = cost["seconds_with_capture"][0] / cost["seconds_without_capture"][0]
-        assert math.isclose(cost["ratio"], median_ratio), name
+    for cost in results["write_cost"].values():
+        check_write_cost(cost, ["trigger", "log"], rounds=2)
 
     fresh = results["freshness"]
-    assert set(fresh) == FRESHNESS_KEYS
-    assert fresh["oracle"] == "passed" and fresh["watermarks_checked_by_oracle"] >= 1
-    assert fresh["source_transactions_committed"] >= 1 and fresh["marker_transactions"] >= 1
-    assert positive(fresh["writing_seconds"]) and fresh["converged_seconds_after_writers"] >= 0
-    assert fresh["freshness_seconds"] and set(fresh["freshness_seconds"]) <= {"pg", "my", "lite"}
-    for source, lag in fresh["freshness_seconds"].items():
-        assert set(lag) == {"p50", "p95", "max"}, source
-        assert all(positive(v) for v in lag.values()) and lag["p50"] <= lag["p95"] <= lag["max"], source
+    assert set(fresh) == {"runs", "ratio_log_to_trigger"} and set(fresh["runs"]) == {"trigger", "log"}
+    for method, run in fresh["runs"].items():
+        assert set(run) == RUN_KEYS, method
+        assert run["capture"] == {"pg": method, "my": method, "lite": "trigger"}
+        assert run["oracle"] == "passed" and run["watermarks_checked_by_oracle"] >= 1, method
+        assert run["source_transactions_committed"] >= 1 and run["marker_transactions"] >= 1, method
+        assert positive(run["source_transactions_per_second"]) and positive(run["writing_seconds"]), method
+        assert run["subqueries"] and set(run["subqueries"]) <= {"pg", "my", "lite"}, method
+        assert all(sub["count"] >= 1 and positive(sub["mean_seconds"]) for sub in run["subqueries"].values()), method
+        assert run["freshness_seconds"] and set(run["freshness_seconds"]) <= {"pg", "my", "lite"}, method
+        for source, lag in run["freshness_seconds"].items():
+            assert set(lag) == {"p50", "p95", "max"}, (method, source)
+            assert all(positive(v) for v in lag.values()) and lag["p50"] <= lag["p95"] <= lag["max"], source
+    trigger, log = (fresh["runs"][m]["freshness_seconds"] for m in ("trigger", "log"))
+    assert set(fresh["ratio_log_to_trigger"]) == set(trigger) & set(log)
+    for source, ratio in fresh["ratio_log_to_trigger"].items():
+        assert math.isclose(ratio["p95"], log[source]["p95"] / trigger[source]["p95"]), source
+    assert len(scratch_names) == 3 and leftovers(scratch_names) == []  # write cost, then a run per method
 
 
 @pytest.mark.servers
-def test_bench_capture_measures_log_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_capture_restricted_to_one_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scratch_names: list[str]
+) -> None:
     out = tmp_path / "capture-log.json"
-    argv = [
-        "bench", "capture", "--method", "log", "--transactions", "12", "--statements", "2", "--connections", "2",
-        "--rows", "40", "--rounds", "1", "--skip-freshness", "--json", str(out),
-    ]  # fmt: skip
+    argv = ["bench", "capture", "--method", "log", *TINY, "--rounds", "1", "--skip-freshness", "--json", str(out)]
     assert pvm_main(argv) == 0
-    assert "write cost (log capture)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "log/none" in printed and "trigger/none" not in printed
     results = json.loads(out.read_text())
     assert results["settings"]["method"] == "log" and set(results) == {"settings", "write_cost"}
-    for name, cost in results["write_cost"].items():
-        assert set(cost) == WRITE_COST_KEYS and positive(cost["ratio"]), name
+    for cost in results["write_cost"].values():
+        check_write_cost(cost, ["log"], rounds=1)
+    assert len(scratch_names) == 1 and leftovers(scratch_names) == []
+
+
+def test_bench_capture_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        pvm_main(["bench", "capture", "--method", "wal"])
+    assert exit_.value.code == 2
+    assert "argument --method: invalid choice: 'wal' (choose from" in capsys.readouterr().err
+    assert pvm_main(["bench", "capture", "--skip-write-cost", "--skip-freshness"]) == 2
+    assert "leave nothing to measure" in capsys.readouterr().err
+    assert pvm_main(["bench", "capture", "--marker-interval", "0"]) == 2
+    assert "--marker-interval must be > 0" in capsys.readouterr().err

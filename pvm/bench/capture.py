@@ -1,24 +1,29 @@
-"""``pvm bench capture``: what capture costs a source, and how fresh a view stays.
+"""``pvm bench capture``: what each capture method costs a source, and how fresh a view stays.
 
 1. **Write cost** (PostgreSQL and MariaDB). The same workload, same seed, runs against the
-   same starting table with capture installed and without, alternating, ``--rounds`` times
-   each: ``--connections`` connections commit ``--transactions`` transactions in total,
-   each of ``--statements`` statements (half updates, a quarter inserts, a quarter deletes)
-   on a table of ``--rows`` rows. The ratio of the median times is what capture costs the
-   writers: the triggers' work happens inside their transactions. No wrapper drains the
-   outbox meanwhile, so the source pays for capture alone. ``--method log`` installs log
-   capture instead (PostgreSQL: REPLICA IDENTITY FULL and a slot, which make the writers
-   log whole old rows; MariaDB: nothing, its binary log is on either way).
+   same starting table with no capture, with trigger capture and with log capture installed,
+   in rounds (``--rounds``; each round runs every method once, the order rotating from
+   round to round): ``--connections`` connections commit ``--transactions`` transactions
+   in total, each of ``--statements`` statements (half updates, a quarter inserts, a
+   quarter deletes) on a table of ``--rows`` rows. The ratio of a method's median time to
+   that of no capture is what it costs the writers. Triggers work inside the writers'
+   transactions; log capture makes PostgreSQL's writers log whole old rows (REPLICA
+   IDENTITY FULL) for a slot, and installs nothing in MariaDB, whose binary log is on
+   either way. No wrapper drains the outbox or reads the log meanwhile, so the writers pay
+   for capture alone.
 2. **Freshness** (PostgreSQL + MariaDB + SQLite, one wrapper process each, the manager in
-   this process). Writers commit ``--view-transactions`` random transactions, two
+   this process), once with every source captured by triggers and once with PostgreSQL and
+   MariaDB captured from their logs (SQLite has no log capture: triggers both times), at
+   the same rate. Writers commit ``--view-transactions`` random transactions, two
    connections per source, while a marker transaction every ``--marker-interval`` seconds
    inserts a row that joins into the view; freshness is the time from a marker's commit
    to its row being readable in the view (as of the watermark). After the writers stop,
    the view must converge, and the maintenance oracle (``pvm.bench.three_sources``) must
    hold for every watermark and for the live databases.
 
-The servers default to the development ones; the benchmark works in a scratch schema
-(PostgreSQL) and database (MariaDB) that it drops at the end.
+``--method`` restricts both parts to one method. The servers default to the development
+ones; every part works in its own scratch schema (PostgreSQL) and database (MariaDB),
+dropped at its end together with any slot and publication log capture made there.
 """
 
 from __future__ import annotations
@@ -26,24 +31,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import random
 import statistics
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from pvm.bench.spark_deployment import quantile, write_figures
 from pvm.cli import CliError
+
+if TYPE_CHECKING:
+    from wrappers.capture.base import CaptureDialect
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
+METHODS = ("trigger", "log")  # measured against "none"; --method both measures them side by side
 # Markers: rows whose join partners (anchors) no random writer touches; view column of their key.
 MARKERS = {"pg": (50_000_000, 0), "my": (60_000_000, 3), "lite": (70_000_000, 5)}
 ANCHORS: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -51,6 +60,7 @@ ANCHORS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "my": [("r", {"id": 901, "b": 78, "note": "n-anchor"}), ("t", {"id": 901, "c": 78, "d": "d1"})],
     "lite": [("r", {"id": 902, "b": 79, "note": "n-anchor"}), ("s", {"id": 902, "b": 79, "c": 79})],
 }
+SLOT_RELEASE_SECONDS = 30.0  # a stopped wrapper's backend may finish a read before the slot is free
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=int, default=4, help="write cost: concurrent connections (default: 4)")
     parser.add_argument("--rows", type=int, default=5000, help="write cost: rows in the table (default: 5000)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="write cost: runs with and without capture, each (default: 3)"
+        "--rounds", type=int, default=3, help="write cost: rounds, each running every method once (default: 3)"
     )
     parser.add_argument(
         "--view-transactions", type=int, default=500, help="freshness: random source transactions (default: 500)"
@@ -72,39 +82,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--marker-interval", type=float, default=0.05, help="freshness: seconds between markers (default: 0.05)"
     )
     parser.add_argument(
-        "--method", choices=["trigger", "log"], default="trigger",
-        help="write cost: the capture method installed for the runs with capture (default: trigger)",
+        "--method", choices=["both", *METHODS], default="both",
+        help="the capture methods measured against none and against each other (default: both)",
     )  # fmt: skip
     parser.add_argument("--skip-write-cost", action="store_true", help="measure freshness only")
     parser.add_argument("--skip-freshness", action="store_true", help="measure the write cost only")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here, and a PNG plot next to them")
     parser.add_argument("--seed", type=int, default=1)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pvm.bench import capture_report
+
     if min(args.transactions, args.statements, args.connections, args.rows, args.rounds, args.view_transactions) < 1:
         raise CliError(
             "--transactions, --statements, --connections, --rows, --rounds and --view-transactions must be >= 1"
         )
+    if not args.marker_interval > 0:
+        raise CliError("--marker-interval must be > 0")
+    if args.skip_write_cost and args.skip_freshness:
+        raise CliError("--skip-write-cost and --skip-freshness leave nothing to measure")
+    methods = METHODS if args.method == "both" else (args.method,)
     results: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")}}
-    with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
-        if not args.skip_write_cost:
-            results["write_cost"] = {name: write_cost(url, args) for name, url in (("postgresql", pg), ("mariadb", my))}
-        if not args.skip_freshness:
-            results["freshness"] = asyncio.run(freshness(pg, my, args))
-    print_results(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+    if not args.skip_write_cost:
+        with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
+            results["write_cost"] = {
+                name: write_cost(url, methods, args) for name, url in (("postgresql", pg), ("mariadb", my))
+            }
+        capture_report.print_write_cost(results["write_cost"])
+    if not args.skip_freshness:
+        runs = {}
+        for method in methods:
+            with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
+                runs[method] = asyncio.run(freshness(pg, my, method, args))
+            capture_report.print_freshness_run(method, runs[method])
+        results["freshness"] = {"runs": runs}
+        if len(runs) == 2:
+            results["freshness"]["ratio_log_to_trigger"] = freshness_ratios(runs["trigger"], runs["log"])
+            capture_report.print_freshness_ratios(results["freshness"]["ratio_log_to_trigger"])
+    write_figures(args.json, results, capture_report.plot)
     return 0
 
 
 # -- scratch space on the servers ----------------------------------------------------------------
+def scratch_name() -> str:
+    return f"pvm_bench_{uuid.uuid4().hex[:10]}"
+
+
 @contextmanager
 def scratch_sources(pg_admin: str, my_admin: str) -> Iterator[tuple[str, str]]:
-    """URLs of a fresh PostgreSQL schema and MariaDB database, dropped afterwards."""
-    name = f"pvm_bench_{uuid.uuid4().hex[:10]}"
+    """URLs of a fresh PostgreSQL schema and MariaDB database, dropped afterwards together
+    with the slot and publication log capture may have made for the schema."""
+    name = scratch_name()
     engines = [sa.create_engine(u, isolation_level="AUTOCOMMIT") for u in (pg_admin, my_admin)]
     try:
         for engine, ddl in zip(engines, (f"CREATE SCHEMA {name}", f"CREATE DATABASE {name} CHARACTER SET utf8mb4")):
@@ -114,50 +143,99 @@ def scratch_sources(pg_admin: str, my_admin: str) -> Iterator[tuple[str, str]]:
         raise CliError(f"cannot prepare the benchmark's scratch space: {exc.orig}") from exc
     pg = sa.make_url(pg_admin).update_query_dict({"options": f"-csearch_path={name}"})
     my = sa.make_url(my_admin).set(database=name)
+    pg_url = pg.render_as_string(hide_password=False)
     try:
-        yield pg.render_as_string(hide_password=False), my.render_as_string(hide_password=False)
+        yield pg_url, my.render_as_string(hide_password=False)
     finally:
-        for engine, ddl in zip(engines, (f"DROP SCHEMA {name} CASCADE", f"DROP DATABASE {name}")):
-            with engine.connect() as conn:
-                conn.exec_driver_sql(ddl)
-            engine.dispose()
+        try:
+            release_log_capture(pg_url)
+        finally:
+            drops = (f"DROP SCHEMA IF EXISTS {name} CASCADE", f"DROP DATABASE IF EXISTS {name}")
+            for engine, ddl in zip(engines, drops):
+                with engine.connect() as conn:
+                    conn.exec_driver_sql(ddl)
+                engine.dispose()
+
+
+def release_log_capture(pg_url: str) -> None:
+    """Drop the publication and slot of log capture in the schema of ``pg_url``, if any: an
+    abandoned slot would retain the server's WAL for good. Waits for a stopped wrapper's
+    backend to let go of the slot."""
+    from wrappers.capture import CaptureConfig, log_slot, uninstall_log
+    from wrappers.errors import WrapperError
+
+    engine = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        slot = log_slot(CaptureConfig("log"), engine)
+        deadline = time.monotonic() + SLOT_RELEASE_SECONDS
+        with engine.connect() as conn:
+            tables: list[str] = list(
+                conn.execute(sa.text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")).scalars()
+            )
+            active = sa.text("SELECT active_pid FROM pg_replication_slots WHERE slot_name = :s")
+            while conn.execute(active, {"s": slot}).scalar() is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        try:
+            uninstall_log(CaptureConfig("log"), engine, tables)
+        except WrapperError as exc:
+            raise CliError(f"{exc}; drop replication slot {slot} by hand, or it retains the server's WAL") from exc
+    finally:
+        engine.dispose()
 
 
 # -- 1. write cost -------------------------------------------------------------------------------
-def write_cost(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from wrappers.capture import CaptureConfig, dialect_for, install_log, uninstall_log
+def write_cost(url: str, methods: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds of every run per method (and "none"), the throughput of each at its median,
+    and each method's median time over that of no capture."""
+    modes = ("none", *methods)
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    for round_ in range(args.rounds):
+        shift = round_ % len(modes)  # no method always runs first (a cold cache) or last
+        for mode in modes[shift:] + modes[:shift]:
+            reset_table(url, args.rows)
+            seconds[mode].append(timed_run(url, mode, args))
+    median = {mode: statistics.median(s) for mode, s in seconds.items()}
+    return {
+        "seconds": seconds,
+        "transactions_per_second": {mode: args.transactions / median[mode] for mode in modes},
+        "ratio_to_none": {method: median[method] / median["none"] for method in methods},
+    }
+
+
+def timed_run(url: str, mode: str, args: argparse.Namespace) -> float:
+    """The workload's seconds with ``mode``'s capture installed for it alone."""
+    from wrappers.capture import dialect_for
 
     dialect = dialect_for(url)
-    method = getattr(args, "method", "trigger")
-    seconds: dict[str, list[float]] = {"without": [], "with": []}
-    for _ in range(args.rounds):
-        for mode in ("without", "with"):
-            reset_table(url, args.rows)
-            engine = dialect.open_engine(url)
-            try:
-                if mode == "with":
-                    if method == "log":
-                        install_log(CaptureConfig("log"), engine, ["w"])
-                    else:
-                        dialect.install(engine, ["w"])
-                try:
-                    seconds[mode].append(workload(engine, args))
-                finally:
-                    if mode == "with":  # a slot left behind would keep the server's WAL
-                        if method == "log":
-                            uninstall_log(CaptureConfig("log"), engine, ["w"])
-                        else:
-                            dialect.uninstall(engine, ["w"])
-            finally:
-                engine.dispose()
-    without, with_ = statistics.median(seconds["without"]), statistics.median(seconds["with"])
-    return {
-        "seconds_without_capture": seconds["without"],
-        "seconds_with_capture": seconds["with"],
-        "transactions_per_second_without": args.transactions / without,
-        "transactions_per_second_with": args.transactions / with_,
-        "ratio": with_ / without,
-    }
+    engine = dialect.open_engine(url)
+    try:
+        with capture_installed(mode, dialect, engine, ["w"]):
+            return workload(engine, args)
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def capture_installed(mode: str, dialect: CaptureDialect, engine: sa.Engine, tables: list[str]) -> Iterator[None]:
+    """``mode``'s capture ("none", "trigger" or "log") installed on ``tables``, and
+    uninstalled afterwards (a slot left behind would keep the server's WAL)."""
+    from wrappers.capture import CaptureConfig, install_log, uninstall_log
+    from wrappers.errors import WrapperError
+
+    try:
+        if mode == "trigger":
+            dialect.install(engine, tables)
+        elif mode == "log":
+            install_log(CaptureConfig("log"), engine, tables)
+    except WrapperError as exc:
+        raise CliError(f"cannot install {mode} capture: {exc}") from exc
+    try:
+        yield
+    finally:
+        if mode == "trigger":
+            dialect.uninstall(engine, tables)
+        elif mode == "log":
+            uninstall_log(CaptureConfig("log"), engine, tables)
 
 
 def reset_table(url: str, rows: int) -> None:
@@ -214,10 +292,12 @@ def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
 
 
 # -- 2. freshness and convergence of a view over three databases --------------------------------
-async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any]:
+async def freshness(pg: str, my: str, method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of the view with PostgreSQL and MariaDB captured by ``method`` (SQLite by triggers)."""
     from pvm.bench import three_sources as scenario
     from pvm.local_deployment import LocalDeployment
 
+    capture = {"pg": method, "my": method, "lite": "trigger"}
     with tempfile.TemporaryDirectory(prefix="pvm-bench-capture-") as tmp:
         data = Path(tmp)
         urls = {"pg": pg, "my": my, "lite": scenario.sqlite_file(data / "lite.db")}
@@ -227,7 +307,10 @@ async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any
         async with LocalDeployment(data) as deployment:
             wrappers = scenario.WrapperSet(deployment)
             for source, url in urls.items():
-                await wrappers.add(source, url, [scenario.TABLES[source][0]])
+                await wrappers.add(
+                    source, url, [scenario.TABLES[source][0]], capture[source],
+                    capture_args=["--capture", capture[source]],
+                )  # fmt: skip
             manager = deployment.manager
             await manager.define_view(scenario.VIEW, "v", parallelism=4)
             await manager.wait_idle("v", timeout=120)
@@ -250,27 +333,44 @@ async def freshness(pg: str, my: str, args: argparse.Namespace) -> dict[str, Any
             converged = time.perf_counter() - started - writing
             maintainer = manager.view("v").maintainer
             if maintainer.failed:
-                raise CliError(f"maintenance failed: {maintainer.failed}")
+                raise CliError(f"maintenance failed ({method} capture): {maintainer.failed}")
             checked = await scenario.check_oracle(manager, "v", initial)
             from warehouse.recompute import recompute
 
             live = recompute(manager.view("v").plan, scenario.read_live(urls), scenario.COLUMNS)
             if manager.read("v") != live:
-                raise CliError("the view does not equal recomputation over the live sources")
+                raise CliError(f"the view does not equal recomputation over the live sources ({method} capture)")
     lags = {source: sorted(seen[(s, k)] - t for s, k, t in commits if s == source) for source in MARKERS}
     return {
+        "capture": capture,
         "source_transactions_committed": sum(writers.committed),
+        "source_transactions_per_second": sum(writers.committed) / writing,
         "marker_transactions": len(commits),
         "writing_seconds": writing,
         "converged_seconds_after_writers": converged,
         "watermarks_checked_by_oracle": checked,
         "oracle": "passed",
         "compensations": maintainer.counters.compensations,
+        # the watermark waits for subqueries: their time per source shows where a slower view waits
+        "subqueries": {
+            source: {"count": h.count, "mean_seconds": h.mean()}
+            for source, h in sorted(maintainer.counters.subquery_seconds.items())
+        },
         "freshness_seconds": {
-            source: {"p50": _quantile(v, 0.5), "p95": _quantile(v, 0.95), "max": max(v)}
+            source: {"p50": quantile(v, 0.5), "p95": quantile(v, 0.95), "max": max(v)}
             for source, v in lags.items()
             if v
         },
+    }
+
+
+def freshness_ratios(trigger: dict[str, Any], log: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per source seen in both runs, log capture's freshness percentiles over trigger capture's."""
+    before, after = trigger["freshness_seconds"], log["freshness_seconds"]
+    return {
+        source: {q: after[source][q] / before[source][q] for q in ("p50", "p95", "max")}
+        for source in before
+        if source in after
     }
 
 
@@ -335,26 +435,3 @@ async def watch_markers(
                 seen[(source, key)] = now
         await asyncio.sleep(0.02)
     return seen
-
-
-def _quantile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def print_results(results: dict[str, Any]) -> None:
-    for name, cost in results.get("write_cost", {}).items():
-        print(
-            f"{name:10s} write cost ({results['settings'].get('method', 'trigger')} capture): "
-            f"{cost['transactions_per_second_without']:.0f} tx/s without capture, "
-            f"{cost['transactions_per_second_with']:.0f} tx/s with, time ratio {cost['ratio']:.2f} (goal <= 1.6)"
-        )
-    fresh = results.get("freshness")
-    if fresh:
-        print(
-            f"view over PostgreSQL + MariaDB + SQLite: {fresh['source_transactions_committed']} random and "
-            f"{fresh['marker_transactions']} marker transactions in {fresh['writing_seconds']:.1f} s; converged "
-            f"{fresh['converged_seconds_after_writers']:.2f} s after the writers; oracle {fresh['oracle']} at "
-            f"{fresh['watermarks_checked_by_oracle']} watermarks"
-        )
-        for source, lag in fresh["freshness_seconds"].items():
-            print(f"  freshness {source:4s}: p50 {lag['p50']:.3f} s, p95 {lag['p95']:.3f} s, max {lag['max']:.3f} s")
