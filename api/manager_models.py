@@ -303,7 +303,7 @@ class ViewOut(BaseModel):
 
 class CutOut(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"example": {"orders": {"order_details": 312, "revenue": 97}, "seqs": {"shop": 4410}}}
+        json_schema_extra={"examples": [{"orders": {"order_details": 312, "revenue": 97}, "seqs": {"shop": 4410}}]}
     )
 
     orders: dict[str, int] = Field(
