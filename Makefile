@@ -17,7 +17,7 @@ demo: setup
 test: setup
 	@bash scripts/test_tools.sh
 	@bash scripts/services.sh
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadgroup --durations=30
 
 # no Spark, no database servers: a few minutes
 test-fast: setup
