@@ -13,11 +13,12 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 
 ``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
 
-``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: every test that uses
-the session's Spark or its analysts' query process is in the group ``spark``, so one worker
-runs them all on one of each, and the other tests (Spark tests that start a cluster or
-``pvm serve`` of their own among them) spread over every worker. A test must therefore not
-assume the machine to itself.
+``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: every test under
+``tests/spark/`` is in the group ``spark``, so one worker runs them all, on one Spark session
+and one analysts' query process, and the other tests spread over every worker. (Letting the
+cluster and ``pvm serve`` tests spread too made the run no faster and overloaded the
+machine: they then ran beside the session's Spark tests.) A test must therefore not assume
+the machine to itself.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from tests.capture_support import (
 
 SERVER_FIXTURES = frozenset({"pg_url", "pg_log_url", "maria_url", "postgresql_catalog"})
 SPARK_TESTS = Path(__file__).parent / "spark"
-SESSION_JVMS = frozenset({"spark", "analysts"})  # session fixtures of tests/spark/conftest.py
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -48,10 +48,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SPARK_TESTS in Path(item.path).parents:
             item.add_marker(pytest.mark.spark)
-        if SESSION_JVMS & set(getattr(item, "fixturenames", ())):
-            # under pytest-xdist (--dist loadgroup) the tests of the session's JVMs share one
-            # worker, so the run starts each once, not once a worker; Spark tests that start
-            # processes of their own (a cluster, pvm serve) spread like the rest
+            # under pytest-xdist (--dist loadgroup) the Spark tests share one worker: the run
+            # starts the session's Spark and analysts' query process once, not once a worker,
+            # and the JVM-heavy tests (a cluster, pvm serve) do not run beside one another
             item.add_marker(pytest.mark.xdist_group("spark"))
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)

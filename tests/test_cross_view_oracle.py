@@ -22,7 +22,15 @@ import pytest
 import warehouse.manager
 import warehouse.seq_history
 from tests.sim import Delays, SimSource, recompute, start_sim_manager
-from tests.test_oracle import TABLES, VIEWS, migrated_catalog, random_row, random_transaction, read_view
+from tests.test_oracle import (
+    TABLES,
+    VIEWS,
+    load_random,
+    migrated_catalog,
+    random_transaction,
+    random_workload,
+    read_view,
+)
 from tests.test_recovery import HeldStore, until
 from tests.virtual_time import InlineExecutor, run_in_virtual_time
 from warehouse.consistent_cut import Cut
@@ -51,19 +59,12 @@ async def run(tmp_path, seed: int, transactions: int = 30) -> tuple[list[str], T
     manager, sources = await start_sim_manager(
         catalog, TABLES, MemoryStore(), None, seed, delays, blocking_executor=InlineExecutor()
     )
-    for s in sources.values():
-        for t, cols in s.tables.items():
-            s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
+    load_random(sources.values(), rng)
     taken = Taken()
     done = asyncio.Event()
 
     async def workload() -> None:
-        for _ in range(transactions):
-            source = rng.choice(list(sources.values()))
-            source.commit(random_transaction(rng, source))
-            if rng.random() < 0.3:
-                await source.ship()
-            await asyncio.sleep(rng.uniform(0, 0.002))
+        await random_workload(sources, rng, transactions)
 
     async def shipper() -> None:
         while not done.is_set():
@@ -153,9 +154,7 @@ async def test_cuts_after_a_restart_match_recomputation(tmp_path, monkeypatch, s
     store = HeldStore()
     catalog = tmp_path / f"catalog-{seed}.db"
     manager, sources = await start_sim_manager(catalog, TABLES, store, seed=seed, delays=Delays(0.002, 0.003, 0.001))
-    for s in sources.values():
-        for t, cols in s.tables.items():
-            s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
+    load_random(sources.values(), rng)
     for name, sql in CROSS_VIEWS.items():
         await manager.define_view(sql, name=name, parallelism=rng.choice([1, 2, 3]), batch_size=rng.choice([1, 2]))
         await manager.wait_idle(name)

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,24 @@ def random_transaction(rng: random.Random, source: SimSource) -> list[tuple[str,
     return changes
 
 
+def load_random(sources: Iterable[SimSource], rng: random.Random, rows: int = 6) -> None:
+    """Every table of every source starts with ``rows`` random rows."""
+    for source in sources:
+        for table, cols in source.tables.items():
+            source.load(table, [random_row(rng, len(cols)) for _ in range(rows)])
+
+
+async def random_workload(sources: Mapping[str, SimSource], rng: random.Random, transactions: int) -> None:
+    """``transactions`` random source transactions, each on a random source; about a third
+    shipped at once, the rest left to a shipper; a short random pause after each."""
+    for _ in range(transactions):
+        source = rng.choice(list(sources.values()))
+        source.commit(random_transaction(rng, source))
+        if rng.random() < 0.3:
+            await source.ship()
+        await asyncio.sleep(rng.uniform(0, 0.002))
+
+
 @functools.cache
 def migrated_catalog() -> Path:
     """An empty catalog, migrated once per process: every schedule starts from a copy.
@@ -208,17 +227,10 @@ async def run_schedule(
         trace=answers,
         blocking_executor=InlineExecutor() if inline else None,
     )
-    for s in sources.values():
-        for t, cols in s.tables.items():
-            s.load(t, [random_row(rng, len(cols)) for _ in range(6)])
+    load_random(sources.values(), rng)
 
     async def workload() -> None:
-        for _ in range(transactions):
-            source = rng.choice(list(sources.values()))
-            source.commit(random_transaction(rng, source))
-            if rng.random() < 0.3:
-                await source.ship()
-            await asyncio.sleep(rng.uniform(0, 0.002))
+        await random_workload(sources, rng, transactions)
 
     done = asyncio.Event()
 
