@@ -596,12 +596,14 @@ def query_views(sql: str, views: Collection[str]) -> list[str]:
     return sorted(found)
 
 
-def pinned_views(manager: Manager, sql: str) -> dict[str, PinnedView]:
+async def pinned_views(manager: Manager, analysts: AnalystProcess, sql: str) -> dict[str, PinnedView]:
     """The views a checked statement reads, each as of its order in their consistent cut
     (docs/protocol.md, 'Consistent reads across views'), from the files its store record
     names; none for a statement over one view, which is read as published. Conflict
-    (retryable) while the views have no state in common yet."""
-    names = query_views(sql, manager.views)
+    (retryable) while the views have no state in common yet. The statement is parsed on the
+    analysts' check threads, as its check was; the cut is taken on the event loop, where
+    the views' maintenance state changes."""
+    names = await analysts.check(query_views, sql, list(manager.views))
     if len(names) < 2:
         return {}
     cut = manager.consistent_cut(names)
@@ -945,7 +947,7 @@ async def query(body: QueryIn, request: Request) -> QueryOut:
             body.limit,
             who(request),
             check=partial(check_query, views=views),
-            pin=partial(pinned_views, manager),
+            pin=partial(pinned_views, manager, analysts),
         )
     except QueryRejected as exc:
         raise Refused(str(exc)) from exc

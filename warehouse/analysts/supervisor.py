@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -508,16 +508,16 @@ class AnalystProcess:
         limit: int,
         who: str,
         check: Callable[[str], str] | None = None,
-        pin: Callable[[str], dict[str, PinnedView]] | None = None,
+        pin: Callable[[str], Awaitable[dict[str, PinnedView]]] | None = None,
     ) -> QueryResult:
         """Run analyst SQL, checked first by ``check`` (``api/analyst.py``'s ``check_query``)
         once the request is admitted: a refused statement costs its slot for the check only.
         ``pin``: the views the checked SQL reads at given orders (a consistent cut), asked
-        on the event loop once the check has passed."""
+        once the check has passed."""
         with self.admit(who):
             if check is not None:
                 sql = await self.check(check, sql)
-            views = pin(sql) if pin is not None else {}
+            views = await pin(sql) if pin is not None else {}
             tag = f"pvm-query-{uuid.uuid4().hex}"
             request = QueryRequest(sql=sql, limit=limit, views=views, tag=tag, max_bytes=self.settings.max_result_bytes)
             return QueryResult.model_validate(await self._call("/query", request.model_dump_json(), tag))
