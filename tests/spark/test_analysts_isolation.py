@@ -241,3 +241,12 @@ async def test_limits_on_concurrent_queries_and_answer_sizes(
             assert {(await slow).status_code, (await other).status_code} <= {400, 503}
     finally:
         await manager.stop()
+
+
+async def test_the_query_process_warms_up_before_it_says_it_is_ready(small_analysts: AnalystProcess) -> None:
+    """A fresh JVM's first query pays for loading the planner and code generation: the
+    process pays it itself, before it answers, so that no analyst's time limit does."""
+    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
+    log = (small_analysts.settings.work_dir / "query-process.log").read_text()
+    warmed, ready = log.find("query process warmed up in"), log.find("analysts' query process ready on")
+    assert 0 <= warmed < ready, log[-2000:]
