@@ -63,8 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="with a spark:// master, how long the start waits for the first executor: none by then (no worker "
-        "registered, or none with the cores and memory asked for) stops the start with an error (default: 120)",
+        help="with a spark:// master, how long the start waits for the master to take the application, and then "
+        "for the first executor: none by then (no worker registered, or none with the cores and memory asked for) "
+        "stops the start with an error (default: 120)",
     )
     parser.add_argument(
         "--spark-conf",
@@ -187,14 +188,19 @@ def open_store(
     """The view store; Spark's driver listens on ``host`` (the service's ``--host``). With
     ``auth_secret`` the driver authenticates to the cluster (``spark.authenticate``), the
     secret kept off every command line. On a ``spark://`` master, CliError if no executor
-    registers within ``executor_timeout_s`` or one cannot write the store's directory."""
+    registers within ``executor_timeout_s`` or one cannot write the store's directory; the
+    master's taking the application is given as long (``within_registration``)."""
     if kind == "memory":
         from warehouse.store.memory import MemoryStore
 
         return MemoryStore()
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
     from warehouse.catalog.db import Catalog, StoreRecords
     from warehouse.store.file_access import store_files
     from warehouse.store.spark import SparkStore
+    from warehouse.store.spark_cluster import within_registration
     from warehouse.store.spark_session import get_spark
 
     spark_dir = store_files().make_dir(data_dir / "spark")
@@ -203,14 +209,22 @@ def open_store(
     if auth_secret is not None:
         conf["spark.authenticate"] = "true"
         secret = {"spark.authenticate.secret": auth_secret}
+
     # Spark's own log lines go to <data-dir>/spark.log: the terminal has the service's
+    def start() -> SparkSession:
+        return get_spark(master, spark_dir / "warehouse", conf=conf, host=host, log_dir=data_dir, secret_conf=secret)
+
     try:
-        spark = get_spark(master, spark_dir / "warehouse", conf=conf, host=host, log_dir=data_dir, secret_conf=secret)
+        if master is not None and master.startswith("spark://"):
+            # the master's acceptance takes as long as its executors may (within_registration)
+            spark = within_registration(start, lambda: SparkContext._gateway is not None, executor_timeout_s)
+        else:
+            spark = start()
     except Exception as exc:
         if master is None:
             raise
-        # e.g. a port that accepts connections but is no Spark master: Spark gives up after
-        # three registrations of 20 s and reports only "a stopped SparkContext"
+        # e.g. a port that accepts connections but is no Spark master: Spark would give up
+        # after three registrations of 20 s and report only "a stopped SparkContext"
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # a cluster that authenticates drops an application without its secret, which
         # Spark reports as "All masters are unresponsive"

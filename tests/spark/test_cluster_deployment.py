@@ -338,8 +338,10 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
     assert stopped == 0 and not left, (stopped, left)
 
 
-def serve_until_it_stops(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def serve_until_it_stops(config: Path, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """How ``pvm serve --config config`` ended, and after how many seconds."""
+    started = time.monotonic()
+    ended = subprocess.run(
         [sys.executable, "-m", "pvm", "serve", "--config", str(config)],
         capture_output=True,
         text=True,
@@ -348,6 +350,7 @@ def serve_until_it_stops(config: Path, cwd: Path) -> subprocess.CompletedProcess
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         start_new_session=True,
     )
+    return ended, time.monotonic() - started
 
 
 async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
@@ -355,8 +358,8 @@ async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
 ) -> None:
     """Two managers at once: one without the cluster's secret (the master refuses its
     application), one asking for executors larger than any worker (the master has it wait
-    for ever). Neither hangs: each stops, saying why; the second after
-    --spark-executor-timeout."""
+    for ever). Neither hangs: each stops, saying why, after --spark-executor-timeout; the
+    first well before the minute Spark's driver would spend on its registrations."""
     completed = len(spark_cluster.state()["completedapps"])
     configs = {}
     for name, more in {
@@ -384,16 +387,17 @@ async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
     finally:
         left = kill_leftovers(tmp_path, grace_s=10)
     assert not left, left
-    for name, ended in done.items():
+    for name, (ended, _) in done.items():
         assert ended.returncode == 2, (name, ended.stderr[-3000:])
-    # the master drops the application without the secret; Spark's driver gives up after its
-    # three registrations of 20 s
-    refused = done["no-secret"].stderr
+    # the master drops the application without the secret; Spark's driver would try three
+    # registrations of 20 s, the manager waits 8 s from its JVM's start
+    refused, took = done["no-secret"][0].stderr, done["no-secret"][1]
     assert f"pvm: error: --spark-master {spark_cluster.master}: Spark did not start on this master" in refused
+    assert "the master did not take the application within 8 s" in refused and took < 50, (took, refused)
     assert "if the cluster authenticates (spark.authenticate), give --spark-auth-secret-file" in refused
     assert "Expected SaslMessage" in (spark_cluster.run_dir / "master.log").read_text()
     # the other one was taken, and waited for executors no worker can give
-    waiting = done["too-big"].stderr
+    waiting = done["too-big"][0].stderr
     assert f"pvm: error: --spark-master {spark_cluster.master}: no executor registered in 8 s" in waiting
     assert "spark.executor.memory=2g" in waiting and "see the master's web UI" in waiting
     state = spark_cluster.state()

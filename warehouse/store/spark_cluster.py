@@ -12,11 +12,60 @@ message that says what is wrong.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
+
+T = TypeVar("T")
+
+
+class NotAccepted(RuntimeError):
+    """The master did not take the application within the time allowed."""
+
+
+def within_registration(
+    start: Callable[[], T],
+    jvm_started: Callable[[], bool],
+    timeout_s: float,
+    interval_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """What ``start()`` returns, run in a thread of its own, or NotAccepted if it has not
+    returned ``timeout_s`` after ``jvm_started()`` first held.
+
+    Making a SparkContext on a standalone master blocks until the master registers the
+    application, and Spark tries three times, 20 s each, before it gives up (constants of
+    its ``StandaloneAppClient``, no setting): a master that drops the application, as one
+    that authenticates does for a driver without its secret, costs a minute. The clock
+    starts once the driver's JVM runs, so a slow JVM start is not counted against the
+    master. The thread is a daemon: after NotAccepted the process is expected to exit."""
+    values: list[T] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            values.append(start())
+        except BaseException as exc:  # handed to the caller's thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="spark-start", daemon=True).start()
+    deadline: float | None = None
+    while not done.wait(interval_s):
+        if deadline is None:
+            if jvm_started():
+                deadline = clock() + timeout_s
+        elif clock() >= deadline:
+            raise NotAccepted(f"the master did not take the application within {timeout_s:g} s")
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 def executor_count(spark: SparkSession) -> int:
