@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pvm.bench.aggregate",
         "an aggregate view over 1,000,000 join rows: one source update maintained incrementally vs recomputed",
     ),
+    "wire": ("pvm.bench.wire", "JSON against Arrow IPC for the rows of subquery answers and update batches"),
     "abuse": (
         "pvm.bench.abuse",
         "view lag, W progress and memory of a deployment quiet, then under attack through its API",

@@ -1,0 +1,39 @@
+"""``pvm bench wire`` at toy sizes: both formats of both messages are timed, their rows come
+back equal, and the figures, ratios and plot are written. (The numbers: docs/benchmarks.md.)"""
+
+from __future__ import annotations
+
+import json
+
+from pvm.bench.wire import MESSAGES, rows_of
+from pvm.cli import main
+
+
+def test_bench_wire_times_both_formats_and_checks_the_rows(tmp_path, capsys) -> None:
+    out = tmp_path / "wire.json"
+    assert main(["bench", "wire", "--rows", "1,40", "--repeat", "2", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert [r["rows"] for r in figures["runs"]] == [1, 40]
+    for run in figures["runs"]:
+        for message in MESSAGES:
+            m = run[message]
+            assert m["equal"] is True
+            assert m["json"]["bytes"] > 0 and m["arrow"]["bytes"] > 0
+            assert m["arrow_over_json"] == round(m["arrow"]["total_s"] / m["json"]["total_s"], 3)
+    # a message of 40 rows is larger than one of 1, in both formats
+    small, large = figures["runs"]
+    assert all(large[m][f]["bytes"] > small[m][f]["bytes"] for m in MESSAGES for f in ("json", "arrow"))
+    assert "Arrow/JSON" in capsys.readouterr().out
+
+
+def test_the_rows_are_every_kind_of_value_a_source_hands_out() -> None:
+    (row,) = rows_of(1)
+    assert [type(v) for v in row] == [int, int, str, float, str, str]
+
+
+def test_bad_sizes_are_refused(capsys) -> None:
+    assert main(["bench", "wire", "--rows", "ten"]) == 2
+    assert main(["bench", "wire", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--rows takes comma-separated row counts, not 'ten'" in err and "--repeat must be at least 1" in err
