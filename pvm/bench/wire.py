@@ -35,8 +35,14 @@ from pvm.bench.load import sizes
 from pvm.bench.spark_deployment import write_figures
 
 DEFAULT_ROWS = "1,10,100,1000,10000,100000"
-ROW_SHAPE = (("id", "INTEGER"), ("qty", "INTEGER"), ("name", "TEXT"), ("price", "REAL"), ("day", "DATE"))
-ROW_SHAPE += (("amount", "NUMERIC(12,2)"),)
+ROW_SHAPE: tuple[tuple[str, str], ...] = (
+    ("id", "INTEGER"),
+    ("qty", "INTEGER"),
+    ("name", "TEXT"),
+    ("price", "REAL"),
+    ("day", "DATE"),
+    ("amount", "NUMERIC(12,2)"),
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
     for n in sizes(args.rows):
         with console.status(f"{n:,} rows: encoding and decoding"):
             runs.append(one_size(n, args.repeat))
-    figures = {"machine": {"cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}}
-    figures |= {"row_shape": [list(c) for c in ROW_SHAPE], "repeat": args.repeat, "runs": runs}
+    figures: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]},
+        "row_shape": [list(c) for c in ROW_SHAPE],
+        "repeat": args.repeat,
+        "runs": runs,
+    }
     report(figures)
     write_figures(args.json, figures, plot)
     return 0 if all(r[m]["equal"] for r in runs for m in MESSAGES) else 1
