@@ -189,7 +189,16 @@ class LoadOut(BaseModel):
     relations: int = Field(description="relations of the view")
     relations_staged: int = Field(description="relations staged whole")
     rows_staged: int = Field(description="rows received so far, all relations")
-    percent: float = Field(description="relations staged, in percent")
+    rows_expected: int | None = Field(
+        default=None, description="the sources' estimates of their relations' rows, summed (null: not all sent one)"
+    )
+    percent: float = Field(
+        description="of the staging: rows staged against rows_expected when known (below 100 until every "
+        "relation is staged), else relations staged; 100 while joining"
+    )
+    eta_seconds: float | None = Field(
+        default=None, description="seconds the staging should still take at the rate so far (null: unknown)"
+    )
     seconds: float = Field(description="since the load started")
 
 

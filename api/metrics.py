@@ -125,6 +125,17 @@ class ManagerCollector(Collector):
             "load_relations": gauge(
                 "pvm_view_load_relations_staged", "Relations of the running initial load staged whole (0: none runs)"
             ),
+            "load_rows_expected": gauge(
+                "pvm_view_load_rows_expected",
+                "Rows the sources estimate the running initial load stages (0: none runs, or not every source estimated)",
+            ),
+            "load_percent": gauge(
+                "pvm_view_load_percent", "How far the running initial load's staging is, in percent (0: none runs)"
+            ),
+            "load_eta": gauge(
+                "pvm_view_load_eta_seconds",
+                "Seconds the running initial load's staging should still take at its rate so far (0: unknown or none)",
+            ),
             "state": gauge("pvm_view_state", "1 for the state the view is in", ("view", "state")),
         }
         subquery = HistogramMetricFamily(
@@ -163,6 +174,9 @@ class ManagerCollector(Collector):
                 ("lag_seconds", progress["lag_seconds"]),
                 ("load_rows", (load or {}).get("rows_staged", 0)),
                 ("load_relations", (load or {}).get("relations_staged", 0)),
+                ("load_rows_expected", (load or {}).get("rows_expected") or 0),
+                ("load_percent", (load or {}).get("percent", 0)),
+                ("load_eta", (load or {}).get("eta_seconds") or 0),
             ):
                 families[key].add_metric([name], value)
             state = handle.info.state

@@ -7,7 +7,9 @@ ships every change visible in it (the subquery handshake, docs/design.md invaria
 answers with an Arrow IPC stream (media type ``SNAPSHOT_MEDIA_TYPE``):
 
 * the schema's metadata carries ``pvm.snapshot`` (the format version, ``"1"``) and
-  ``pvm.watermark`` (the source's last seq the snapshot reflects);
+  ``pvm.watermark`` (the source's last seq the snapshot reflects), and may carry
+  ``pvm.rows_estimate``: what the source's statistics say the relation holds before its
+  predicate, for the load's progress (an estimate: the stream may hold fewer rows or more);
 * one field per selected column, named after it, in the order asked, typed by the family
   of the column's declared type (``arrow_type``): int64, float64, string or bool, and for
   every other declared type the value's exact JSON text (field metadata ``pvm.json``), as
@@ -27,8 +29,8 @@ batch to Parquet as it arrives.
 >>> writer.write_rows([(1, "a", 2.5), (2, None, 3)])
 >>> writer.close()
 >>> reader = SnapshotReader(io.BytesIO(sink.getvalue()))
->>> reader.watermark, [b.num_rows for b in reader.batches()], reader.rows
-(7, [2], 2)
+>>> reader.watermark, [b.num_rows for b in reader.batches()], reader.rows, reader.rows_estimate
+(7, [2], 2, None)
 >>> reader.schema.field("price").type, reader.schema.field("price").metadata
 (DataType(string), {b'pvm.json': b'1'})
 """
@@ -50,6 +52,7 @@ VERSION_KEY = b"pvm.snapshot"
 WATERMARK_KEY = b"pvm.watermark"
 JSON_KEY = b"pvm.json"
 END_KEY = b"pvm.end"
+ESTIMATE_KEY = b"pvm.rows_estimate"
 ROWS_PER_BATCH = 10_000
 """Rows a wrapper encodes into one record batch: a few MiB at most for the usual widths."""
 
@@ -93,13 +96,19 @@ def arrow_type(declared: str | None) -> pa.DataType:
     return _ARROW[typed] if typed is not None else pa.string()
 
 
-def snapshot_schema(columns: Sequence[str], declared: Sequence[str | None], watermark: int) -> pa.Schema:
-    """The stream's schema for these columns (of these declared types) as of ``watermark``."""
+def snapshot_schema(
+    columns: Sequence[str], declared: Sequence[str | None], watermark: int, rows_estimate: int | None = None
+) -> pa.Schema:
+    """The stream's schema for these columns (of these declared types) as of ``watermark``;
+    ``rows_estimate``: the relation's size as the source estimates it, if it does."""
     fields = [
         pa.field(c, arrow_type(t), metadata=None if spark_type(t) is not None else {JSON_KEY: b"1"})
         for c, t in zip(columns, declared, strict=True)
     ]
-    return pa.schema(fields, metadata={VERSION_KEY: SNAPSHOT_VERSION.encode(), WATERMARK_KEY: str(watermark).encode()})
+    metadata = {VERSION_KEY: SNAPSHOT_VERSION.encode(), WATERMARK_KEY: str(watermark).encode()}
+    if rows_estimate is not None:
+        metadata[ESTIMATE_KEY] = str(rows_estimate).encode()
+    return pa.schema(fields, metadata=metadata)
 
 
 def json_text(value: Any) -> str | None:
@@ -216,6 +225,8 @@ class SnapshotReader:
             self.watermark = int(meta[WATERMARK_KEY])
         except (KeyError, ValueError) as exc:
             raise SnapshotStreamError("the snapshot stream names no watermark") from exc
+        estimate = meta.get(ESTIMATE_KEY, b"")
+        self.rows_estimate: int | None = int(estimate) if estimate.isdigit() else None
         self.schema: pa.Schema = self._reader.schema
         self.rows = 0
         self.complete = False

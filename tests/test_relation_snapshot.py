@@ -27,7 +27,7 @@ from contract.relation_snapshot import (
     snapshot_schema,
 )
 from contract.zset import ZSet
-from warehouse.engine_load import EngineLoad, stage, supports
+from warehouse.engine_load import EngineLoad, LoadProgress, stage, supports
 from warehouse.plan import OutputColumn, RelationRef, ViewPlan
 from warehouse.protocol import ViewProtocol, ViewUpdate
 
@@ -36,9 +36,9 @@ TYPES = ["INTEGER", "VARCHAR(10)", "NUMERIC(6,2)", "BOOLEAN", "REAL"]
 ROWS = [(1, "é", 2.5, 1, 3), (2, None, 7, 0, float("nan")), (3, "x", None, None, -0.0)]
 
 
-def stream(rows=ROWS, per_batch: int = 2) -> bytes:
+def stream(rows=ROWS, per_batch: int = 2, estimate: int | None = None) -> bytes:
     sink = io.BytesIO()
-    writer = SnapshotWriter(sink, snapshot_schema(COLUMNS, TYPES, watermark=42))
+    writer = SnapshotWriter(sink, snapshot_schema(COLUMNS, TYPES, watermark=42, rows_estimate=estimate))
     for i in range(0, len(rows), per_batch):
         writer.write_rows(rows[i : i + per_batch])
     writer.close()
@@ -92,6 +92,22 @@ def test_staging_writes_parquet_and_checks_the_columns(tmp_path) -> None:
     assert pq.read_table(tmp_path / "r.parquet").num_rows == 3
     with pytest.raises(SnapshotStreamError, match="the view expects"):
         stage(io.BytesIO(stream()), tmp_path / "s.parquet", COLUMNS, ["TEXT", *TYPES[1:]], progress, 1)
+
+
+def test_staging_keeps_the_sources_estimate_for_the_progress(tmp_path) -> None:
+    progress: dict[int, int] = {}
+    estimates: dict[int, int] = {}
+    stage(io.BytesIO(stream(estimate=5)), tmp_path / "r.parquet", COLUMNS, TYPES, progress, 0, estimates)
+    stage(io.BytesIO(stream()), tmp_path / "s.parquet", COLUMNS, TYPES, progress, 1, estimates)  # none sent
+    assert progress == {0: 3, 1: 3} and estimates == {0: 5}
+    load = LoadProgress(2, started_at=0.0, staged=2, rows=progress, expected=estimates)
+    assert load.status(now=1.0)["rows_expected"] is None  # not every relation has an estimate
+    assert load.status(now=1.0)["percent"] == 100.0  # relations staged whole
+    load.expected[1] = 5
+    assert load.status(now=1.0)["rows_expected"] == 10
+    assert load.status(now=1.0)["percent"] == 60.0 and load.status(now=1.0)["eta_seconds"] == round(1.0 * 4 / 6, 1)
+    load.phase = "joining"
+    assert load.status(now=2.0)["percent"] == 100.0 and load.status(now=2.0)["eta_seconds"] is None
 
 
 def plan_of(*join) -> ViewPlan:

@@ -65,13 +65,33 @@ async def test_the_stream_reads_back_in_batches(tmp_path, monkeypatch) -> None:
     try:
         statement = query.scan(schema.table("r"), "r", to_wire(WHERE), ["id", "v"], "sqlite")
         snapshot = await Snapshot.open(dialect_for(url), engine)
-        chunks = [c async for c in relation_stream.stream(snapshot, statement, ["id", "v"], ["INTEGER", "TEXT"], 17)]
+        chunks = [
+            c async for c in relation_stream.stream(snapshot, statement, "r", ["id", "v"], ["INTEGER", "TEXT"], 17)
+        ]
         assert len(chunks) >= 4  # the schema, three batches of at most two rows, the end
         reader = SnapshotReader(io.BytesIO(b"".join(chunks)))
         batches = list(reader.batches())
         assert reader.watermark == 17 and reader.complete and max(b.num_rows for b in batches) == 2
+        assert reader.rows_estimate == len(ROWS)  # the table's rows, before the predicate
         rows = sorted((row for b in batches for row in zip(*(c.to_pylist() for c in b.columns))), key=repr)
         assert rows == expected(["id", "v"])
+    finally:
+        engine.dispose()
+
+
+def test_each_database_estimates_the_relation_for_the_loads_progress(source: str) -> None:
+    """From the statistics where the database keeps them (after ANALYZE), by counting in
+    SQLite; a PostgreSQL table never analyzed has no estimate."""
+    engine, _ = fill(source)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                if conn.exec_driver_sql("SELECT current_setting('server_version_num')::int").scalar_one() >= 140000:
+                    assert relation_stream.estimated_rows(conn, "r") is None  # reltuples -1: never analyzed
+                conn.exec_driver_sql("ANALYZE r")
+            elif engine.dialect.name != "sqlite":
+                conn.exec_driver_sql("ANALYZE TABLE r")
+            assert relation_stream.estimated_rows(conn, "r") == len(ROWS)
     finally:
         engine.dispose()
 

@@ -92,15 +92,40 @@ class LoadProgress:
     phase: str = "staging"  # staging the relations, then "joining" in the engine
     staged: int = 0  # relations staged whole
     rows: dict[int, int] = field(default_factory=dict)  # rows received, by relation position
+    expected: dict[int, int] = field(default_factory=dict)  # the sources' estimates, by position
 
-    def status(self) -> dict[str, object]:
+    def status(self, now: float | None = None) -> dict[str, object]:
+        """Where the load is. The staging's percent and ETA count rows against the sources'
+        estimates of their relations (``contract.relation_snapshot``) once every relation
+        has one, relations staged whole otherwise. An estimate may be off: the percent stays
+        below 100 until the last relation is staged, and the ETA assumes the rate so far.
+
+        >>> p = LoadProgress(2, started_at=100.0, rows={0: 300, 1: 100}, expected={0: 600, 1: 1000})
+        >>> p.status(now=104.0)["percent"], p.status(now=104.0)["eta_seconds"]
+        (25.0, 12.0)
+        >>> LoadProgress(2, started_at=100.0, staged=1, rows={0: 600}).status(now=104.0)["eta_seconds"] is None
+        True
+        """
+        elapsed = (time.time() if now is None else now) - self.started_at
+        rows = sum(self.rows.values())
+        estimated = len(self.expected) == self.relations and self.relations > 0
+        expected = sum(self.expected.values()) if estimated else None
+        if self.phase != "staging" or not self.relations:
+            percent, eta = 100.0, None
+        elif expected:
+            percent = min(99.9, 100.0 * rows / expected)
+            eta = max(0.0, elapsed * (expected - rows) / rows) if rows else None
+        else:
+            percent, eta = 100.0 * self.staged / self.relations, None
         return {
             "phase": self.phase,
             "relations": self.relations,
             "relations_staged": self.staged,
-            "rows_staged": sum(self.rows.values()),
-            "percent": round(100.0 * self.staged / self.relations, 1) if self.relations else 100.0,
-            "seconds": round(time.time() - self.started_at, 1),
+            "rows_staged": rows,
+            "rows_expected": expected,
+            "percent": round(percent, 1),
+            "eta_seconds": None if eta is None else round(eta, 1),
+            "seconds": round(elapsed, 1),
         }
 
 
@@ -182,13 +207,22 @@ def join_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]]) -> str
 
 
 def stage(
-    stream: Readable, path: Path, columns: Sequence[str], declared: Sequence[str], progress: dict[int, int], j: int
+    stream: Readable,
+    path: Path,
+    columns: Sequence[str],
+    declared: Sequence[str],
+    progress: dict[int, int],
+    j: int,
+    estimates: dict[int, int] | None = None,
 ) -> tuple[int, pa.Schema]:
     """Write one snapshot stream to ``path`` (Parquet) a batch at a time; its watermark and
-    schema. SnapshotStreamError if its columns are not those asked, in the types the view
-    expects; TruncatedSnapshot if it was cut short (the file is then incomplete: the caller
-    throws the whole staging away)."""
+    schema. ``progress[j]``: the rows written so far; ``estimates[j]``: the source's estimate
+    of them, if it sent one. SnapshotStreamError if its columns are not those asked, in the
+    types the view expects; TruncatedSnapshot if it was cut short (the file is then
+    incomplete: the caller throws the whole staging away)."""
     reader = SnapshotReader(stream)
+    if estimates is not None and reader.rows_estimate is not None:
+        estimates[j] = reader.rows_estimate
     expected = [(c, arrow_type(t)) for c, t in zip(columns, declared, strict=True)]
     got = [(f.name, f.type) for f in reader.schema]
     if got != expected:
@@ -274,7 +308,7 @@ class EngineLoad:
 
         def fetch() -> tuple[int, pa.Schema]:
             with self.sources[relation.source].open_snapshot(request) as stream:
-                return stage(stream, path, relation.columns, self.declared[j], progress.rows, j)
+                return stage(stream, path, relation.columns, self.declared[j], progress.rows, j, progress.expected)
 
         watermark, schema = await asyncio.to_thread(fetch)
         progress.staged += 1

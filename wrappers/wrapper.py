@@ -386,7 +386,7 @@ class Wrapper:
         )
         types = [table.types[table.columns.index(c)] for c in request.select]
         snapshot, watermark = await self._snapshot_shipped_through()
-        return relation_stream.stream(snapshot, statement, request.select, types, watermark)
+        return relation_stream.stream(snapshot, statement, table.name, request.select, types, watermark)
 
     # -- application capture -----------------------------------------------------------------------
     async def post_changes(self, changes: list[RowChange]) -> None:

@@ -202,10 +202,21 @@ def load_line(load: dict) -> str:
     >>> load_line({"phase": "staging", "relations": 3, "relations_staged": 1, "rows_staged": 120000,
     ...            "percent": 33.3, "seconds": 4.2})
     'staging: 1 of 3 relations (33%), 120,000 rows, 4 s'
+    >>> load_line({"phase": "staging", "relations": 3, "relations_staged": 1, "rows_staged": 120000,
+    ...            "rows_expected": 300000, "percent": 40.0, "eta_seconds": 6.3, "seconds": 4.2})
+    'staging: 1 of 3 relations, 120,000 of ~300,000 rows (40%), 4 s, about 6 s left'
     """
+    expected = load.get("rows_expected")
+    if expected is None:  # the sources sent no estimates (or an older manager)
+        done = f"({load['percent']:.0f}%), {load['rows_staged']:,} rows"
+    else:
+        done = f"{load['rows_staged']:,} of ~{expected:,} rows ({load['percent']:.0f}%)"
+    eta = load.get("eta_seconds")
+    left = "" if eta is None else f", about {eta:.0f} s left"
     return (
-        f"{load['phase']}: {load['relations_staged']} of {load['relations']} relations ({load['percent']:.0f}%), "
-        f"{load['rows_staged']:,} rows, {load['seconds']:.0f} s"
+        f"{load['phase']}: {load['relations_staged']} of {load['relations']} relations"
+        + ("" if expected is None else ",")
+        + f" {done}, {load['seconds']:.0f} s{left}"
     )
 
 
