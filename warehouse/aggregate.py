@@ -338,6 +338,39 @@ def summed(s: Summary, body_types: Sequence[str | None]) -> Summed:
     return Summed(s.keys, select_sql(s, SUMS), s.output_names, tuple(s.output_types(body_types)))
 
 
+def encode_sql(s: Summary, body: str, types: Sequence[str | None]) -> str:
+    """``encode`` in Spark SQL, for a whole body at once (an initial load in the engine):
+    the stored rows, then ``_w``, of ``body``, a relation of the body's columns ``b<i>``
+    and a weight ``_w`` (a row standing for ``_w`` copies of itself). ``types``: the stored
+    columns' Spark SQL types (``Summary.stored_types``), which the blank key slots take.
+
+    >>> s = Summary(groups=1, calls=(Call("count", None), Call("sum", 1), Call("max", 1)),
+    ...             outputs=(("g", 0), ("n", 1), ("total", 2), ("top", 3)), names=("g", "x"))
+    >>> print(encode_sql(s, "b", ["STRING", "BIGINT", "BIGINT", "BIGINT", "BIGINT"]))  # doctest: +NORMALIZE_WHITESPACE
+    SELECT b0, CAST(NULL AS BIGINT), SUM(_w), SUM(CASE WHEN b1 IS NOT NULL THEN _w ELSE 0 END),
+    COALESCE(SUM(b1 * _w), 0), 1L FROM b GROUP BY b0 HAVING COUNT(*) > 0
+    UNION ALL SELECT b0, b1, 1L, 0L, 0L, SUM(_w) FROM b WHERE b1 IS NOT NULL GROUP BY b0, b1 HAVING SUM(_w) <> 0
+    """
+    groups = [f"b{i}" for i in range(s.groups)]
+    blanks = [f"CAST(NULL AS {types[s.groups + j] or 'STRING'})" for j in range(len(s.extremes))]
+    counts = [f"SUM(CASE WHEN b{a} IS NOT NULL THEN _w ELSE 0 END)" for a in s.counted]
+    sums = [f"COALESCE(SUM(b{a} * _w), 0)" for a in s.summed]
+    by = f" GROUP BY {', '.join(groups)}" if groups else ""
+    # a group's summary row, as ``encode`` writes it for a group with rows (an aggregate
+    # without GROUP BY over no rows has none)
+    summary = f"SELECT {', '.join([*groups, *blanks, 'SUM(_w)', *counts, *sums, '1L'])} FROM {body}{by}"
+    parts = [summary + " HAVING COUNT(*) > 0"]
+    zeros = ["0L"] * (len(s.counted) + len(s.summed))
+    for j, a in enumerate(s.extremes):
+        value = f"b{a}"
+        extremes = [*blanks[:j], value, *blanks[j + 1 :]]
+        parts.append(
+            f"SELECT {', '.join([*groups, *extremes, '1L', *zeros, 'SUM(_w)'])} FROM {body} "
+            f"WHERE {value} IS NOT NULL GROUP BY {', '.join([*groups, value])} HAVING SUM(_w) <> 0"
+        )
+    return " UNION ALL ".join(parts)
+
+
 def select_sql(s: Summary, sums: str) -> str:
     """The view's rows in Spark SQL from ``sums``, a relation of the stored columns already
     summed per key (each value times its weight): the same as ``visible``.

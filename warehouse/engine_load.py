@@ -17,6 +17,9 @@ their deltas are staged beside the snapshot with negated weights. Spark joins Z-
 relation ``j`` is ``R_j(w_j) − Σ ΔR_j = R_j`` as of the load's order, and the join of the
 corrected relations is the view as of the load, exactly.
 
+An aggregate or DISTINCT view's load appends what ``aggregate.encode`` would store for the
+join's rows, computed by the same job (``load_sql``, ``aggregate.encode_sql``).
+
 The z-log append is the commit of the load's effect: the effect handed to the commit
 manager is empty, and a load run again (after a fault or a restart) whose order the store
 already holds stages nothing. A stream cut short (``TruncatedSnapshot``) is a lost
@@ -51,6 +54,7 @@ from contract.relation_snapshot import (
     encode_batch,
 )
 from contract.zset import ZSet, total
+from warehouse.aggregate import encode_sql
 from warehouse.plan import ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 
@@ -134,11 +138,17 @@ def supports(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> str | None:
     join must mean in Spark what it means in ``contract.expr``: only equalities of two
     columns of one type family, each integer, text or boolean (floats have NaN and -0.0,
     untyped columns compare as JSON text). ``declared[j]``: the declared types of relation
-    ``j``'s columns, in the plan's order. The engine's join yields body rows with plain
-    weights: a view that keeps per-group sums (aggregates, DISTINCT) or adds NULL-extended
-    rows (a LEFT JOIN) is loaded by subqueries, which apply those operators."""
+    ``j``'s columns, in the plan's order. An aggregate or DISTINCT view's stored rows are
+    computed from the join's by ``aggregate.encode_sql``, as ``encode`` would, provided its
+    groups and MIN/MAX values are no floats (Spark groups NaN and -0.0 as one value, Python
+    does not). A view that adds NULL-extended rows (a LEFT JOIN) is loaded by subqueries,
+    which apply that operator."""
     if plan.summary is not None:
-        return "an aggregate or DISTINCT view keeps per-group sums, which the engine's join does not compute"
+        body = body_types(plan, declared)
+        keyed = [*range(plan.summary.groups), *plan.summary.extremes]
+        floats = [plan.summary.names[i] for i in keyed if body[i] == "DOUBLE"]
+        if floats:
+            return f"the aggregate groups or takes MIN/MAX of floating-point columns {floats}"
     if plan.outer is not None:
         return "a LEFT JOIN's NULL-extended rows are not computed by the engine's join"
     position = {r.alias: j for j, r in enumerate(plan.relations)}
@@ -159,6 +169,29 @@ def supports(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> str | None:
         if len(types) != 1 or next(iter(types)) not in ("BIGINT", "STRING", "BOOLEAN"):
             return f"join predicate {conjunct!r} compares columns of types {sorted(map(str, types))}"
     return None
+
+
+def body_types(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> list[str | None]:
+    """The Spark SQL types of the view body's columns (``plan.outputs``), from the declared
+    types of the relations' columns (``declared`` as ``supports`` takes it)."""
+    position = {r.alias: j for j, r in enumerate(plan.relations)}
+    types: list[str | None] = []
+    for out in plan.outputs:
+        j = position[out.column.relation]
+        types.append(spark_type(declared[j][plan.relations[j].columns.index(out.column.name)]))
+    return types
+
+
+def load_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]], declared: Sequence[Sequence[str]]) -> str:
+    """What the load appends to the view's z-log: the join's rows (``join_sql``), or for an
+    aggregate or DISTINCT view the stored rows ``encode`` would make of them (their columns
+    ``b<i>`` in the body's order)."""
+    body = join_sql(plan, relations)
+    if plan.summary is None:
+        return body
+    names = ", ".join([*(f"b{i}" for i in range(len(plan.outputs))), WEIGHT])
+    stored = plan.summary.stored_types(body_types(plan, declared))
+    return f"WITH body AS (SELECT * FROM ({body}) AS joined({names}))\n" + encode_sql(plan.summary, "body", stored)
 
 
 def _ident(name: str) -> str:
@@ -288,7 +321,7 @@ class EngineLoad:
                 files.append((str(path), compensation))
                 compensated += count
             progress.phase = "joining"
-            await asyncio.to_thread(self.store.load, name, unit.order, join_sql(self.plan, files))
+            await asyncio.to_thread(self.store.load, name, unit.order, load_sql(self.plan, files, self.declared))
         finally:
             self.progress = None
             shutil.rmtree(staging, ignore_errors=True)

@@ -40,14 +40,13 @@ from pvm.bench.aggregate_view import (
     Body,
     Data,
     recompute_sql,
-    stored_sql,
     summary,
     write_sources,
 )
 from pvm.bench.load import sizes
 from pvm.bench.spark_deployment import measured, start_spark_store, write_figures
 from pvm.cli import CliError
-from warehouse.aggregate import encode, summed
+from warehouse.aggregate import encode, encode_sql, summed
 from warehouse.store.base import Effect
 
 DEFAULT_ROWS = "10000,100000,1000000"
@@ -124,7 +123,8 @@ def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, consol
     store.create(view, s.stored_names, s.stored_types(BODY_TYPES), summed(s, BODY_TYPES))
     try:
         with console.status(f"{n:,} rows: loading the view"):
-            store.load(view, 1, stored_sql(s, BODY, ["region", "amount"]))
+            weighted = f"(SELECT region AS b0, amount AS b1, 1L AS _w FROM {BODY}) AS body"
+            store.load(view, 1, encode_sql(s, weighted, s.stored_types(BODY_TYPES)))
             store.publish(view, 1)
             stored = store.zlog_stats(view).rows
         body = Body(data, random.Random(f"{args.seed}-{n}"))

@@ -24,8 +24,9 @@ Its two maintenances, of one single-row source update at a time:
 * **recompute**: the view's GROUP BY over the body's rows as they now are, computed by
   Spark from scratch and written as the view's new state (Parquet).
 
-The store's initial state is the body's stored rows computed by Spark (``stored_sql``,
-which writes what ``encode`` would of the whole body), loaded as order 1.
+The store's initial state is the body's stored rows computed by Spark
+(``warehouse.aggregate.encode_sql``, what ``encode`` would write of the whole body, as a
+view's initial load in Spark computes them), loaded as order 1.
 """
 
 from __future__ import annotations
@@ -120,35 +121,6 @@ def write_sources(spark: Any, data: Data, orders: str, customers: str, body: str
     joined = o.join(c, o["customer"] == c["id"]).select(o["id"], c["region"], o["amount"])
     joined.write.mode("overwrite").parquet(body)
     return int(spark.read.parquet(body).count())
-
-
-def stored_sql(s: Summary, body: str, columns: Sequence[str]) -> str:
-    """Spark SQL of the stored rows ``encode(s, …)`` writes for the whole of ``body``, a
-    relation whose columns ``columns`` are the body's: per group one summary row of weight 1,
-    per group and non-NULL value of each MIN/MAX argument one multiset row weighing the
-    value's multiplicity; then ``_w``.
-
-    >>> print(stored_sql(summary(), "b", ["region", "amount"]))  # doctest: +NORMALIZE_WHITESPACE
-    SELECT `region`, CAST(NULL AS BIGINT), COUNT(*), COUNT(`amount`), COALESCE(SUM(`amount`), 0), 1L
-    FROM b GROUP BY `region` UNION ALL SELECT `region`, `amount`, 1L, 0L, 0L, COUNT(*) FROM b
-    WHERE `amount` IS NOT NULL GROUP BY `region`, `amount`
-    """
-    groups = [f"`{c}`" for c in columns[: s.groups]]
-    types = s.stored_types(BODY_TYPES)
-    blanks = [f"CAST(NULL AS {types[s.groups + j]})" for j in range(len(s.extremes))]
-    counts = [f"COUNT(`{columns[a]}`)" for a in s.counted]
-    sums = [f"COALESCE(SUM(`{columns[a]}`), 0)" for a in s.summed]
-    by = f" GROUP BY {', '.join(groups)}" if groups else ""
-    parts = [f"SELECT {', '.join([*groups, *blanks, 'COUNT(*)', *counts, *sums, '1L'])} FROM {body}{by}"]
-    zeros = ["0L"] * (len(s.counted) + len(s.summed))
-    for j, a in enumerate(s.extremes):
-        value = f"`{columns[a]}`"
-        extremes = [*blanks[:j], value, *blanks[j + 1 :]]
-        parts.append(
-            f"SELECT {', '.join([*groups, *extremes, '1L', *zeros, 'COUNT(*)'])} FROM {body} "
-            f"WHERE {value} IS NOT NULL GROUP BY {', '.join([*groups, value])}"
-        )
-    return " UNION ALL ".join(parts)
 
 
 def recompute_sql(body: str, deleted: Sequence[int], added: str) -> str:
