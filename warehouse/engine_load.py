@@ -55,7 +55,7 @@ from contract.relation_snapshot import (
 )
 from contract.zset import ZSet, total
 from warehouse.aggregate import encode_sql
-from warehouse.plan import ViewPlan
+from warehouse.plan import RelationRef, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 
 WEIGHT = "_w"
@@ -267,6 +267,30 @@ def stage(
     return reader.watermark, reader.schema
 
 
+def snapshot_request(relation: RelationRef) -> RelationSnapshot:
+    """The snapshot of one relation of a view: its rows after its local predicate, in the
+    columns the view reads."""
+    return RelationSnapshot(
+        relation=relation.table,
+        alias=relation.alias,
+        where=expr.to_wire(relation.where) if relation.where is not None else None,
+        select=list(relation.columns),
+    )
+
+
+def write_taken_back(deltas: ZSet, schema: pa.Schema, path: Path) -> str | None:
+    """``deltas`` with negated weights as a Parquet file of a staged relation's ``schema``
+    and ``_w`` at ``path`` (which ``join_sql`` adds to the relation), or None if empty: the
+    changes a snapshot reflects but the state it stands for must not."""
+    if not deltas:
+        return None
+    rows, weights = zip(*deltas.items())
+    batch = encode_batch(schema, rows, [-w for w in weights])
+    fields = [pa.field(f.name, f.type) for f in schema] + [pa.field(WEIGHT, pa.int64())]
+    pq.write_table(pa.Table.from_batches([batch], pa.schema(fields)), path)
+    return str(path)
+
+
 class EngineLoad:
     """Runs a view's initial load unit through the store's engine."""
 
@@ -329,12 +353,7 @@ class EngineLoad:
 
     async def _stage(self, j: int, staging: Path) -> tuple[Path, int, pa.Schema]:
         relation = self.plan.relations[j]
-        request = RelationSnapshot(
-            relation=relation.table,
-            alias=relation.alias,
-            where=expr.to_wire(relation.where) if relation.where is not None else None,
-            select=list(relation.columns),
-        )
+        request = snapshot_request(relation)
         path = staging / f"r{j}.parquet"
         progress = self.progress
         assert progress is not None
@@ -355,12 +374,4 @@ class EngineLoad:
         updates they come from."""
         relation = self.plan.relations[j]
         concurrent = self.protocol.concurrent_deltas(unit, INITIAL_TERM, j, relation.source, watermark)
-        deltas = total(concurrent)
-        if not deltas:
-            return None, len(concurrent)
-        rows, weights = zip(*deltas.items())
-        batch = encode_batch(schema, rows, [-w for w in weights])
-        path = staging / f"c{j}.parquet"
-        fields = [pa.field(f.name, f.type) for f in schema] + [pa.field(WEIGHT, pa.int64())]
-        pq.write_table(pa.Table.from_batches([batch], pa.schema(fields)), path)
-        return str(path), len(concurrent)
+        return write_taken_back(total(concurrent), schema, staging / f"c{j}.parquet"), len(concurrent)

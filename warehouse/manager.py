@@ -520,9 +520,12 @@ class Manager:
         maintainer.view_change.initial_load = self._engine_load(plan, protocol)
         return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
 
-    def _engine_load(self, plan: ViewPlan, protocol: ViewProtocol) -> EngineLoad | None:
-        """The view's initial load in the store's engine, where the store runs joins (Spark)
-        and every source streams snapshots; None: the load runs SWEEP's subqueries."""
+    def engine_inputs(self, plan: ViewPlan) -> tuple[LoadStore, dict[str, SnapshotSource], list[list[str]]] | None:
+        """What joining the view's relations in the store's engine takes: a store that runs
+        joins (Spark), a client that streams snapshots per source, and the declared types of
+        each relation's columns (``engine_load.supports``); None where any is missing or
+        the view's join would not mean the same there. The initial load and verification
+        use the engine when they can."""
         store = self.view_store
         if not isinstance(store, LoadStore):
             return None
@@ -540,8 +543,17 @@ class Manager:
             declared.append([rel.types[rel.columns.index(c)] for c in r.columns])
         why = engine_load.supports(plan, declared)
         if why is not None:
-            log.info("view %s is loaded with subqueries: %s", plan.name, why)
+            log.info("view %s is joined with subqueries, not in the engine: %s", plan.name, why)
             return None
+        return store, sources, declared
+
+    def _engine_load(self, plan: ViewPlan, protocol: ViewProtocol) -> EngineLoad | None:
+        """The view's initial load in the store's engine; None: the load runs SWEEP's
+        subqueries."""
+        inputs = self.engine_inputs(plan)
+        if inputs is None:
+            return None
+        store, sources, declared = inputs
         return EngineLoad(plan, protocol, sources, store, declared)
 
     async def _set_state(self, view: str, state: str, error: str | None) -> None:

@@ -23,6 +23,13 @@ analysts' queries, within their limits (concurrency, ``--query-timeout``), not w
 maintenance. With a store that has no Spark session (the in-memory store: tests and quick
 runs) the recomputation runs in plain Python (``warehouse.recompute``) in the manager instead.
 
+At scale. Where the view's join can run in the store's engine (``Manager.engine_inputs``, as
+for an initial load in Spark), the relations are not read into the manager at all: each is
+streamed to Parquet beside the view's files, with the logged changes to take back beside it
+with negated weights, and the query process recomputes the view's stored rows with the
+initial load's SQL (``engine_load.load_sql``) and compares them in Spark
+(``verification.compare_staged``): only the differences listed come back.
+
 How many run. At most ``--max-verifications`` at once over all the manager's views (default
 1), and one at a time per view. A verification reads every relation of the view through its
 wrapper and recomputes the view, so more are refused (429 with ``Retry-After``) rather than
@@ -34,21 +41,26 @@ give.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlglot
 from sqlglot import exp
 
 from contract import expr
+from contract.relation_snapshot import RelationSnapshot
 from contract.schemas import Subquery
 from contract.zset import Row, ZSet
 from warehouse.analysts.messages import VerifyRelation, VerifyRequest
 from warehouse.analysts.verification import differences
 from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
+from warehouse.engine_load import SnapshotSource, load_sql, snapshot_request, stage, write_taken_back
 from warehouse.errors import Busy, Conflict, NotFound, Unsupported
 from warehouse.plan import ViewPlan
 from warehouse.recompute import recompute
@@ -230,52 +242,153 @@ def _analysts(manager: Manager) -> AnalystProcess | None:
 async def _verify(manager: Manager, name: str, max_differences: int, who: str) -> Report:
     started = time.perf_counter()
     analysts = _analysts(manager)
-    for attempt in range(ATTEMPTS):
+    for _ in range(ATTEMPTS):
         handle = manager.view(name)
         if handle.maintainer.failed is not None:
             raise Conflict(f"view {name!r} has failed ({handle.maintainer.failed}); nothing to verify")
         if handle.bases is None or handle.maintainer.initial_order is not None:
             raise Conflict(f"view {name!r} is still being initialized; verify it once it is active")
         watermark = handle.maintainer.protocol.watermark
-        contents, cuts = await _relations_as_of(manager, name, handle, watermark)
         if analysts is None:
-            report = await asyncio.to_thread(
+            contents, cuts = await _relations_as_of(manager, name, handle, watermark)
+            report: Report | None = await asyncio.to_thread(
                 _compare_here, manager, name, handle.plan, contents, watermark, max_differences
             )
-            break
-        # Taken after the sources were read, so that its files are kept (a compaction retires
-        # them only after the query timeout) for as long as the query process may read them.
-        try:
-            record = manager.view_store.record(name)
-        except StoreError as exc:  # dropped meanwhile
-            raise NotFound(str(exc)) from exc
-        if record.compacted_through <= watermark:
-            request = await asyncio.to_thread(
-                _request, handle.plan, contents, record.to_record(), watermark, max_differences
+        elif (inputs := manager.engine_inputs(handle.plan)) is not None:
+            # the relations staged as files and joined by the query process's Spark, as an
+            # initial load in Spark joins them: nothing of them passes through this process
+            store, sources, declared = inputs
+            staging = Path(tempfile.mkdtemp(prefix="verify-", dir=_made(store.staging_dir(name))))
+            try:
+                sql, cuts = await _staged_as_of(manager, name, handle, watermark, sources, declared, staging)
+                report = await _compare_there(
+                    manager, analysts, name, handle.plan, watermark, max_differences, who, sql
+                )
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        else:
+            contents, cuts = await _relations_as_of(manager, name, handle, watermark)
+            report = await _compare_there(
+                manager, analysts, name, handle.plan, watermark, max_differences, who, contents
             )
-            result = await analysts.verify(request, who)
-            report = Report(
-                view=name,
-                columns=list(handle.plan.view_names),
-                watermark=watermark,
-                engine="spark",
-                expected_rows=result.expected_rows,
-                stored_rows=result.stored_rows,
-                missing=[(tuple(r), n) for r, n in result.missing],
-                extra=[(tuple(r), n) for r, n in result.extra],
-                missing_total=result.missing_total,
-                extra_total=result.extra_total,
-                notes=result.notes,
-            )
-            break
-        if attempt == ATTEMPTS - 1:
-            raise Conflict(
-                f"compactions of view {name!r} kept folding its state as of W while its sources were read; ask again",
-                retry_after=BUSY_RETRY_AFTER_S,
-            )
-    report.sources = cuts
-    report.seconds = time.perf_counter() - started
-    return report
+        if report is not None:
+            report.sources = cuts
+            report.seconds = time.perf_counter() - started
+            return report
+    raise Conflict(
+        f"compactions of view {name!r} kept folding its state as of W while its sources were read; ask again",
+        retry_after=BUSY_RETRY_AFTER_S,
+    )
+
+
+async def _compare_there(
+    manager: Manager,
+    analysts: AnalystProcess,
+    name: str,
+    plan: ViewPlan,
+    watermark: int,
+    max_differences: int,
+    who: str,
+    relations: Mapping[tuple[str, str], ZSet] | str,
+) -> Report | None:
+    """The recomputation and the comparison in the analysts' query process, from the
+    relations' contents, or from SQL over their staged files (a ``str``); None if a
+    compaction folded the state as of W away meanwhile (the caller starts over)."""
+    # Taken after the sources were read, so that its files are kept (a compaction retires
+    # them only after the query timeout) for as long as the query process may read them.
+    try:
+        record = manager.view_store.record(name)
+    except StoreError as exc:  # dropped meanwhile
+        raise NotFound(str(exc)) from exc
+    if record.compacted_through > watermark:
+        return None
+    if isinstance(relations, str):
+        request = VerifyRequest(
+            record=record.to_record(),
+            as_of=watermark,
+            sql=relations,
+            relations=[],
+            max_differences=max_differences,
+            staged=True,
+        )
+    else:
+        request = await asyncio.to_thread(_request, plan, relations, record.to_record(), watermark, max_differences)
+    result = await analysts.verify(request, who)
+    return Report(
+        view=name,
+        columns=list(plan.view_names),
+        watermark=watermark,
+        engine="spark (staged)" if isinstance(relations, str) else "spark",
+        expected_rows=result.expected_rows,
+        stored_rows=result.stored_rows,
+        missing=[(tuple(r), n) for r, n in result.missing],
+        extra=[(tuple(r), n) for r, n in result.extra],
+        missing_total=result.missing_total,
+        extra_total=result.extra_total,
+        notes=result.notes,
+    )
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def _reflected_as_of(manager: Manager, name: str, handle: ViewHandle, watermark: int) -> dict[str, int]:
+    """Per source, the last seq the view as of ``watermark`` reflects."""
+    units = [u for u in await manager.db(Catalog.units, name) if u.order <= watermark]
+    ids = [i for u in units for i in u.log_ids]
+    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, ids)} if ids else {}
+    return reflected_seqs(units, entries, dict(handle.bases or {}), watermark)
+
+
+async def _staged_as_of(
+    manager: Manager,
+    name: str,
+    handle: ViewHandle,
+    watermark: int,
+    sources: Mapping[str, SnapshotSource],
+    declared: Sequence[Sequence[str]],
+    staging: Path,
+) -> tuple[str, list[SourceCut]]:
+    """Every relation of the view staged in ``staging`` in the state the view claims to
+    reflect as of ``watermark``, as an initial load in Spark stages it: its wrapper's
+    snapshot streamed to Parquet, and the logged updates after the view's cut beside it with
+    negated weights. Returns the SQL that recomputes the view's stored rows from those files
+    (``engine_load.load_sql``). No row of a relation becomes a Python object here."""
+    plan = handle.plan
+    upto = await _reflected_as_of(manager, name, handle, watermark)
+    files: list[tuple[str, str | None]] = []
+    cuts: list[SourceCut] = []
+    for j, relation in enumerate(plan.relations):
+        request = snapshot_request(relation)
+        path = staging / f"r{j}.parquet"
+        rows: dict[int, int] = {}
+
+        def fetch(
+            request: RelationSnapshot = request, path: Path = path, j: int = j, rows: dict[int, int] = rows
+        ) -> tuple[int, Any]:
+            with sources[plan.relations[j].source].open_snapshot(request) as stream:
+                return stage(stream, path, plan.relations[j].columns, declared[j], rows, j)
+
+        snapshot_watermark, schema = await asyncio.to_thread(fetch)
+        since = upto.get(relation.source, 0)
+        later = [
+            e for e in await manager.db(Catalog.log_entries, relation.source, since) if e.seq <= snapshot_watermark
+        ]
+        taken_back = ZSet()
+        used = 0
+        for entry in later:
+            update = handle.extractor(entry)
+            delta = None if update is None else update.deltas.get(j)
+            if delta:
+                taken_back.add_all(delta)
+                used += 1
+        compensation = await asyncio.to_thread(write_taken_back, taken_back, schema, staging / f"c{j}.parquet")
+        files.append((str(path), compensation))
+        state_rows = rows.get(j, 0) - sum(w for _, w in taken_back.items())
+        cuts.append(SourceCut(relation.source, relation.table, since, snapshot_watermark, used, state_rows))
+    return load_sql(plan, files, declared), cuts
 
 
 async def _relations_as_of(
@@ -283,11 +396,8 @@ async def _relations_as_of(
 ) -> tuple[dict[tuple[str, str], ZSet], list[SourceCut]]:
     """Every relation of the view in the state the view claims to reflect as of
     ``watermark``: its wrapper's snapshot, minus the logged updates after the view's cut."""
-    plan, bases = handle.plan, dict(handle.bases or {})
-    units = [u for u in await manager.db(Catalog.units, name) if u.order <= watermark]
-    ids = [i for u in units for i in u.log_ids]
-    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, ids)} if ids else {}
-    upto = reflected_seqs(units, entries, bases, watermark)
+    plan = handle.plan
+    upto = await _reflected_as_of(manager, name, handle, watermark)
 
     contents: dict[tuple[str, str], ZSet] = {}
     cuts: list[SourceCut] = []

@@ -78,8 +78,12 @@ class VerifyRequest(BaseModel):
 
     record: dict[str, Any]
     as_of: int = Field(ge=0, description="the view's watermark W the relations were brought to")
-    sql: str = Field(description="the view's SELECT over the relations' temporary views, in Spark SQL")
+    sql: str = Field(
+        description="the view's SELECT over the relations' temporary views, in Spark SQL; with staged, the "
+        "view's stored rows then _w, computed from the relations' staged files (engine_load.load_sql)"
+    )
     relations: list[VerifyRelation]
+    staged: bool = Field(default=False, description="the relations are files sql reads, not rows of this message")
     max_differences: int = Field(ge=0, description="rows listed at most, per kind")
     tag: str = ""
 

@@ -114,6 +114,8 @@ def compare(spark: SparkSession, request: VerifyRequest) -> VerifyResult:
     """Recompute, read the stored view, compare: the whole answer of a verification but the
     sources' cut, which the manager reports itself."""
     session = spark.newSession()  # temporary views of its own
+    if request.staged:
+        return compare_staged(session, request)
     notes: list[str] = []
     expected = recompute(session, request.sql, request.relations, notes)
     stored = stored_as_of(session, request.record, request.as_of)
@@ -127,3 +129,74 @@ def compare(spark: SparkSession, request: VerifyRequest) -> VerifyResult:
         extra_total=extra_total,
         notes=notes,
     )
+
+
+RECOMPUTED = "verify_recomputed"
+RECOMPUTED_BASE = "verify_recomputed_base"
+RECOMPUTED_ZLOG = "verify_recomputed_zlog"
+
+
+def compare_staged(session: SparkSession, request: VerifyRequest) -> VerifyResult:
+    """The comparison of a view recomputed from staged relations, all in Spark: no row of
+    either side becomes a Python object, only the differences listed. ``request.sql``
+    yields the view's stored rows and their weights (what an initial load in Spark appends);
+    read as a z-log of one order, the recomputed view is read exactly as the stored one is
+    (``shown_sql``), and the two are compared per row of what readers see: summed weights
+    for a plain view, each row once for an aggregate view."""
+    from warehouse.store.spark_records import ViewMeta
+    from warehouse.store.spark_rows import RowCodec, shown_codec
+    from warehouse.store.spark_sql import shown_sql, sums_sql
+
+    meta = ViewMeta.from_record(request.record)
+    if request.as_of < meta.compacted_through:
+        raise ValueError(f"the record holds the view as of order {meta.compacted_through} onwards, not {request.as_of}")
+    codec = RowCodec(meta.columns, meta.types)
+    session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView(STORED_BASE)
+    session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView(STORED_ZLOG)
+    stored_cols = ", ".join(f"`{c}`" for c in meta.columns)
+    session.sql(f"SELECT * FROM ({request.sql}) AS recomputed({stored_cols}, _w)").createOrReplaceTempView(RECOMPUTED)
+    session.sql(f"SELECT {stored_cols}, _w, 0L AS _order FROM {RECOMPUTED}").createOrReplaceTempView(RECOMPUTED_ZLOG)
+    session.sql(f"SELECT {stored_cols}, _w FROM {RECOMPUTED} WHERE false").createOrReplaceTempView(RECOMPUTED_BASE)
+    shown = shown_codec(meta, codec)
+    out = ", ".join(f"`{c}`" for c in shown.columns)
+
+    def counted(base: str, zlog: str, as_of: int) -> str:
+        """Per row readers see, how often they see it (a negative sum kept: owed deletes)."""
+        if meta.summed is None:
+            return sums_sql(base, zlog, meta.columns, as_of, "<> 0")
+        return f"SELECT {out}, COUNT(*) AS _w FROM ({shown_sql(base, zlog, meta.columns, meta.summed, as_of)}) GROUP BY {out}"
+
+    expected, stored = counted(RECOMPUTED_BASE, RECOMPUTED_ZLOG, 0), counted(STORED_BASE, STORED_ZLOG, request.as_of)
+    diff = (
+        f"SELECT {out}, SUM(_w) AS _w FROM (SELECT {out}, _w FROM ({stored}) UNION ALL "
+        f"SELECT {out}, -_w FROM ({expected})) GROUP BY {out} HAVING SUM(_w) <> 0"
+    )
+    differing = session.sql(diff).cache()  # read three times: totals, missing, extra
+    differing.createOrReplaceTempView("verify_diff")
+    totals = session.sql(
+        "SELECT COALESCE(SUM(CASE WHEN _w < 0 THEN -_w END), 0) AS missing, "
+        "COALESCE(SUM(CASE WHEN _w > 0 THEN _w END), 0) AS extra FROM verify_diff"
+    ).collect()[0]
+    expected_rows = session.sql(f"SELECT COALESCE(SUM(_w), 0) FROM ({expected})").collect()[0][0]
+    stored_rows = session.sql(f"SELECT COALESCE(SUM(_w), 0) FROM ({stored}) WHERE _w > 0").collect()[0][0]
+
+    def listed(sign: str) -> list[tuple[list[Any], int]]:
+        table = session.sql(
+            f"SELECT * FROM verify_diff WHERE _w {sign} 0 LIMIT {int(request.max_differences)}"
+        ).toArrow()
+        rows = sorted(shown.decode_weighted(table), key=lambda x: row_order(x[0]))
+        return [(list(r), abs(int(w))) for r, w in rows]
+
+    try:
+        return VerifyResult(
+            expected_rows=int(expected_rows),
+            stored_rows=int(stored_rows),
+            missing=listed("<"),
+            extra=listed(">"),
+            missing_total=int(totals["missing"]),
+            extra_total=int(totals["extra"]),
+            notes=[],
+        )
+    finally:
+        differing.unpersist()
+        session.catalog.dropTempView("verify_diff")
