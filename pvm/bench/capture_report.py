@@ -37,6 +37,13 @@ def print_freshness_run(method: str, run: dict[str, Any]) -> None:
         f"{source} {sub['count']} x {1000 * sub['mean_seconds']:.1f} ms" for source, sub in run["subqueries"].items()
     )
     print(f"  subqueries (number x mean time): {subqueries}")
+    restarts = run.get("restarts")
+    if restarts is not None:
+        print(
+            f"  restarted while the writers ran: wrappers {', '.join(restarts['wrappers'])} (SIGKILL), then the "
+            f"manager ({restarts['manager']}); writers still running when the manager was back: "
+            f"{'yes' if restarts['writers_running_when_done'] else 'no'}"
+        )
 
 
 def print_freshness_ratios(ratios: dict[str, dict[str, float]]) -> None:
