@@ -332,7 +332,12 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
                 )  # fmt: skip
             await deployment.manager.define_view(scenario.VIEW, "v", parallelism=4)
             await deployment.manager.wait_idle("v", timeout=120)
-            writers = scenario.Writers(urls, args.view_transactions, connections=2, seed=args.seed, pause=0.05)
+            crashing = [source for source, m in capture.items() if m == "log"] if crash else []
+            restarted_all = threading.Event()  # with restarts, the writers go on until the manager is back
+            writers = scenario.Writers(
+                urls, args.view_transactions, connections=2, seed=args.seed, pause=0.05,
+                until=restarted_all if crashing else None,
+            )  # fmt: skip
             commits: list[tuple[str, int, float]] = []
             stop = threading.Event()
             marker = threading.Thread(target=write_markers, args=(urls, args.marker_interval, stop, commits))
@@ -340,19 +345,23 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
             threads = writers.start()
             marker.start()
 
-            def writing() -> bool:
-                return any(t.is_alive() for t in threads)
+            async def restart() -> scenario.Restarted:
+                try:
+                    return await scenario.crash_and_restart(deployment, wrappers, crashing, "v", 0.5)
+                finally:
+                    restarted_all.set()
 
-            crashing = [source for source, m in capture.items() if m == "log"] if crash else []
-            restarting: asyncio.Task[scenario.Restarted] | None = None
-            writing_after_restarts: list[bool] = []  # whether the writers still ran once the manager was back
-            if crashing:
-                restarting = asyncio.create_task(scenario.crash_and_restart(deployment, wrappers, crashing, "v", 0.5))
-                restarting.add_done_callback(lambda _: writing_after_restarts.append(writing()))
-            seen = await watch_markers(
-                lambda: deployment.manager, lambda _: not writing() and (restarting is None or restarting.done()),
-                commits, {}, restarting,
-            )  # fmt: skip
+            restarting = asyncio.create_task(restart()) if crashing else None
+            try:
+                seen = await watch_markers(
+                    lambda: deployment.manager,
+                    lambda _: not any(t.is_alive() for t in threads) and (restarting is None or restarting.done()),
+                    commits, {}, restarting,
+                )  # fmt: skip
+            finally:
+                restarted_all.set()
+                stop.set()
+                marker.join()
             writing_seconds = time.perf_counter() - started
             before: list[ViewCounters] = []
             restarts: dict[str, Any] | None = None
@@ -360,13 +369,7 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
                 restarted = restarting.result()
                 deployment = restarted.deployment
                 before.append(restarted.counters)
-                restarts = {
-                    "wrappers": restarted.wrappers,
-                    "manager": 1,
-                    "writers_running_when_done": writing_after_restarts[0],
-                }
-            stop.set()
-            marker.join()
+                restarts = {"wrappers": restarted.wrappers, "manager": 1}
             if writers.errors:
                 raise CliError(f"a writer failed: {writers.errors[0]}")
             seen = await watch_markers(

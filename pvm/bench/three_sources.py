@@ -120,13 +120,14 @@ def transaction(conn: sa.Connection, table: str, rng: random.Random, fresh: iter
 @dataclass
 class Writers:
     """Threads committing random transactions, ``connections`` per source, until each has
-    committed its share of ``transactions`` in total."""
+    committed its share of ``transactions`` in total (and, with ``until``, until it is set)."""
 
     urls: dict[str, str]
     transactions: int
     connections: int = 2
     seed: int = 1
     pause: float = 0.003
+    until: threading.Event | None = None
     committed: list[int] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
 
@@ -146,7 +147,7 @@ class Writers:
         try:
             with engine.connect() as conn:
                 done = 0
-                while done < share:
+                while done < share or (self.until is not None and not self.until.is_set()):
                     done += transaction(conn, table, rng, fresh)
                     time.sleep(rng.random() * self.pause)
             self.committed.append(done)
