@@ -97,6 +97,7 @@ def test_bench_capture_measures_both_methods_side_by_side(
     assert pvm_main(argv) == 0
     printed = capsys.readouterr().out
     assert "trigger/none" in printed and "log/none" in printed and "freshness log/trigger" in printed
+    assert "restarted while the writers ran: wrappers pg, my (SIGKILL), then the manager (1)" in printed
     assert f"wrote {out} and {out.with_suffix('.png')}" in printed
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
@@ -108,10 +109,16 @@ def test_bench_capture_measures_both_methods_side_by_side(
         check_write_cost(cost, ["trigger", "log"], rounds=2)
 
     fresh = results["freshness"]
-    assert set(fresh) == {"runs", "ratio_log_to_trigger"} and set(fresh["runs"]) == {"trigger", "log"}
-    for method, run in fresh["runs"].items():
-        assert set(run) == RUN_KEYS, method
-        assert run["capture"] == {"pg": method, "my": method, "lite": "trigger"}
+    assert set(fresh) == {"runs", "ratio_log_to_trigger", "with_restarts"}
+    assert set(fresh["runs"]) == {"trigger", "log"}
+    crashed = fresh["with_restarts"]  # --crash is on by default: a third run, with restarts, not in the ratios
+    assert set(crashed) == RUN_KEYS | {"restarts"} and crashed["capture"]["pg"] == crashed["capture"]["my"] == "log"
+    assert crashed["restarts"]["wrappers"] == ["pg", "my"] and crashed["restarts"]["manager"] == 1
+    assert crashed["oracle"] == "passed" and crashed["watermarks_checked_by_oracle"] >= 1
+    for method, run in [*fresh["runs"].items(), ("log with restarts", crashed)]:
+        assert set(run) == RUN_KEYS | ({"restarts"} if run is crashed else set()), method
+        expected = "log" if run is crashed else method
+        assert run["capture"] == {"pg": expected, "my": expected, "lite": "trigger"}
         assert run["oracle"] == "passed" and run["watermarks_checked_by_oracle"] >= 1, method
         assert run["source_transactions_committed"] >= 1 and run["marker_transactions"] >= 1, method
         assert positive(run["source_transactions_per_second"]) and positive(run["writing_seconds"]), method
@@ -125,7 +132,7 @@ def test_bench_capture_measures_both_methods_side_by_side(
     assert set(fresh["ratio_log_to_trigger"]) == set(trigger) & set(log)
     for source, ratio in fresh["ratio_log_to_trigger"].items():
         assert math.isclose(ratio["p95"], log[source]["p95"] / trigger[source]["p95"]), source
-    assert len(scratch_names) == 3 and leftovers(scratch_names) == []  # write cost, then a run per method
+    assert len(scratch_names) == 4 and leftovers(scratch_names) == []  # write cost, a run per method, restarts
 
 
 @pytest.mark.servers

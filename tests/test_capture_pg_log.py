@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from pvm.cli import main as pvm_main
 from tests.capture_support import PG_ADMIN, fetch, pg_log_slot, pg_schema_url, run_sql
-from wrappers.capture import CaptureConfig, install_log, postgresql, uninstall_log
+from wrappers.capture import CaptureConfig, install_log, pg_log, postgresql, uninstall_log
 from wrappers.capture.log import LogRead, SnapshotRace
 from wrappers.capture.pg_log import PgLog, PgSnapshot, check_server
 from wrappers.errors import WrapperError
@@ -173,6 +173,48 @@ def test_a_snapshot_that_no_prefix_of_the_log_matches_is_refused(
         monkeypatch.setattr(PgSnapshot, "sees", lambda self, xid: xid != int(both[1].xid) and real(self, xid))
         exact = read(engine, log, 0, exact=True)  # a visible prefix is fine
         assert exact.transactions == both[:1] and exact.through == both[0].end
+
+
+def test_an_exact_read_has_the_wal_flushed_instead_of_waiting(
+    pg_log_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subquery's read needs the WAL flushed through its snapshot's insert position. A
+    transaction committed with synchronous_commit = off is visible before it is flushed,
+    and WAL of running transactions stays unflushed: the read commits a logical message of
+    its own, whose commit flushes all that, instead of waiting for the WAL writer (up to
+    3 x wal_writer_delay). Where it may not, it waits as before."""
+    url = pg_log_url
+    run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY)", "CREATE TABLE other (x INT)")
+    with reader(url, ["r"]) as (engine, log), engine.connect() as writer, engine.connect() as running:
+        writer.exec_driver_sql("SET synchronous_commit = off")
+        writer.exec_driver_sql("INSERT INTO r VALUES (1)")
+        writer.commit()  # visible, maybe not flushed yet
+        running.exec_driver_sql("INSERT INTO other VALUES (1)")  # WAL of a running transaction
+        insert = int(running.exec_driver_sql("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").scalar_one())
+        slept: list[float] = []
+        real_sleep = time.sleep
+        monkeypatch.setattr(pg_log.time, "sleep", slept.append)
+        conn = postgresql.begin_snapshot(engine)
+        try:
+            assert log._flush_through(conn, insert) >= insert and slept == []  # flushed at once
+            exact = log.read(conn, 0, exact=True)
+        finally:
+            conn.close()
+        assert [[r.new for r in t.rows] for t in exact.transactions] == [[{"id": 1}]]
+        assert slept == []
+
+        monkeypatch.setattr(pg_log, "FLUSH_TRANSACTION", "SELECT pg_no_such_function()")
+        monkeypatch.setattr(pg_log.time, "sleep", lambda seconds: slept.append(seconds) or real_sleep(seconds))
+        running.exec_driver_sql("INSERT INTO other VALUES (2)")
+        insert = int(running.exec_driver_sql("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").scalar_one())
+        conn = postgresql.begin_snapshot(engine)
+        try:
+            with caplog.at_level("WARNING", logger="wrappers.capture.pg_log"):
+                log._flush_through(conn, insert)  # waits (while nothing else commits: the whole time)
+        finally:
+            conn.close()
+        assert "subqueries wait for the WAL writer instead" in caplog.text and not log._force_flush
+        running.rollback()
 
 
 def test_truncate_and_column_changes_stop_capture_with_a_clear_error(pg_log_url: str) -> None:

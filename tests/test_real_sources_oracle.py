@@ -24,6 +24,7 @@ from pvm.bench.three_sources import (
     WrapperSet,
     Writers,
     check_oracle,
+    crash_and_restart,
     create,
     read_live,
     sqlite_file,
@@ -31,7 +32,6 @@ from pvm.bench.three_sources import (
 )
 from pvm.local_deployment import LocalDeployment
 from warehouse.recompute import recompute
-from warehouse.store.memory import MemoryStore
 
 pytestmark = pytest.mark.servers
 
@@ -50,8 +50,7 @@ async def test_view_over_three_databases_matches_recomputation(
     crashing = "lite" if lite_capture == "snapshot" else "my" if server_capture == "log" else "pg"
     create(urls, random.Random(1))
     initial = read_live(urls)
-    store = MemoryStore()
-    deployment = await LocalDeployment(tmp_path, store=store).__aenter__()
+    deployment = await LocalDeployment(tmp_path).__aenter__()
     try:
         wrappers = WrapperSet(deployment)
         for source, url in urls.items():
@@ -64,17 +63,9 @@ async def test_view_over_three_databases_matches_recomputation(
         await deployment.manager.define_view(VIEW, "v", parallelism=4)
         writers = Writers(urls, transactions=180, connections=2, pause=0.25)
         threads = writers.start()
-        await asyncio.sleep(1.0)
-        await wrappers.restart(crashing)  # a crash: SIGKILL, then the same state and port
-        await asyncio.sleep(1.0)
-        compensations = deployment.manager.view("v").maintainer.counters.compensations
-        running = dict(deployment.wrappers)
-        deployment.wrappers.clear()  # the manager goes down alone; the wrappers keep capturing
-        await deployment.__aexit__(None, None, None)
-        await asyncio.sleep(0.5)
-        port = int(deployment.url.rsplit(":", 1)[1])
-        deployment = await LocalDeployment(tmp_path, store=store, port=port).__aenter__()
-        deployment.wrappers.update(running)
+        restarted = await crash_and_restart(deployment, wrappers, [crashing], "v")
+        deployment = restarted.deployment
+        compensations = restarted.counters.compensations
         await until(lambda: not any(t.is_alive() for t in threads), 120, "the writers")
         assert not writers.errors, writers.errors
         if lite_capture == "snapshot":  # a snapshot taken after the last write

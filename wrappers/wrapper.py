@@ -174,18 +174,19 @@ class Wrapper:
     # -- SendUpdates -------------------------------------------------------------------------
     async def ship_once(self) -> None:
         """Capture what committed since the last poll, ship everything pending, then delete
-        acknowledged changes from the outbox. While the manager is down this waits (holding
-        the ship lock) until it takes the updates."""
+        acknowledged changes from the outbox (log capture: confirm them to the server, after
+        the ship lock is released). While the manager is down this waits (holding the ship
+        lock) until it takes the updates."""
         async with self._lock:
             await self._capture_locked()
             await self._ship_pending()
-            if self._log is not None:
-                async with self._capture_lock:  # one reader of the slot at a time
-                    await asyncio.to_thread(self._confirm_acknowledged)
-            elif not self._ordered:
+            if self._log is None and not self._ordered:
                 async with self._capture_lock:
                     await asyncio.to_thread(self._delete_acknowledged_ids)
-        if self._ordered and self._log is None:
+        if self._log is not None:  # a subquery's handshake need not wait for it (it needs the capture lock only)
+            async with self._capture_lock:  # one reader of the slot at a time
+                await asyncio.to_thread(self._confirm_acknowledged)
+        elif self._ordered:
             await asyncio.to_thread(self._delete_acknowledged)
 
     async def pull_once(self) -> None:

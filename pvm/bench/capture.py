@@ -19,7 +19,12 @@
    inserts a row that joins into the view; freshness is the time from a marker's commit
    to its row being readable in the view (as of the watermark). After the writers stop,
    the view must converge, and the maintenance oracle (``pvm.bench.three_sources``) must
-   hold for every watermark and for the live databases.
+   hold for every watermark and for the live databases. With ``--crash`` (the default,
+   when log capture is measured) a third run, with log capture, SIGKILLs and restarts the
+   log-captured wrappers and then restarts the manager while the writers run
+   (``three_sources.crash_and_restart``), and must pass the same checks. It is not in the
+   freshness ratios: the restarts stall the view, which would then not compare with the
+   trigger run at the same rate.
 
 ``--method`` restricts both parts to one method. The servers default to the development
 ones; every part works in its own scratch schema (PostgreSQL) and database (MariaDB),
@@ -85,6 +90,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--method", choices=["both", *METHODS], default="both",
         help="the capture methods measured against none and against each other (default: both)",
     )  # fmt: skip
+    parser.add_argument(
+        "--crash", action=argparse.BooleanOptionalAction, default=True,
+        help="freshness: one more log capture run in which every log-captured wrapper is killed and started again, "
+        "then the manager, while the writers run; the oracle must hold there too (default: on, with log capture)",
+    )  # fmt: skip
     parser.add_argument("--skip-write-cost", action="store_true", help="measure freshness only")
     parser.add_argument("--skip-freshness", action="store_true", help="measure the write cost only")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here, and a PNG plot next to them")
@@ -120,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         if len(runs) == 2:
             results["freshness"]["ratio_log_to_trigger"] = freshness_ratios(runs["trigger"], runs["log"])
             capture_report.print_freshness_ratios(results["freshness"]["ratio_log_to_trigger"])
+        if args.crash and "log" in methods:
+            with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
+                results["freshness"]["with_restarts"] = asyncio.run(freshness(pg, my, "log", args, crash=True))
+            capture_report.print_freshness_run("log", results["freshness"]["with_restarts"])
     write_figures(args.json, results, capture_report.plot)
     return 0
 
@@ -292,10 +306,14 @@ def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
 
 
 # -- 2. freshness and convergence of a view over three databases --------------------------------
-async def freshness(pg: str, my: str, method: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One run of the view with PostgreSQL and MariaDB captured by ``method`` (SQLite by triggers)."""
+async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, crash: bool = False) -> dict[str, Any]:
+    """One run of the view with PostgreSQL and MariaDB captured by ``method`` (SQLite by
+    triggers); with ``crash``, the log-captured wrappers and then the manager are restarted
+    while the writers run (``three_sources.crash_and_restart``)."""
     from pvm.bench import three_sources as scenario
     from pvm.local_deployment import LocalDeployment
+    from warehouse.counters import ViewCounters
+    from warehouse.recompute import recompute
 
     capture = {"pg": method, "my": method, "lite": "trigger"}
     with tempfile.TemporaryDirectory(prefix="pvm-bench-capture-") as tmp:
@@ -304,64 +322,107 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace) -> 
         scenario.create(urls, random.Random(args.seed))
         add_anchors(urls)
         initial = scenario.read_live(urls)
-        async with LocalDeployment(data) as deployment:
+        deployment = await LocalDeployment(data).__aenter__()
+        try:
             wrappers = scenario.WrapperSet(deployment)
             for source, url in urls.items():
                 await wrappers.add(
                     source, url, [scenario.TABLES[source][0]], capture[source],
                     capture_args=["--capture", capture[source]],
                 )  # fmt: skip
-            manager = deployment.manager
-            await manager.define_view(scenario.VIEW, "v", parallelism=4)
-            await manager.wait_idle("v", timeout=120)
-            writers = scenario.Writers(urls, args.view_transactions, connections=2, seed=args.seed, pause=0.05)
+            await deployment.manager.define_view(scenario.VIEW, "v", parallelism=4)
+            await deployment.manager.wait_idle("v", timeout=120)
+            crashing = [source for source, m in capture.items() if m == "log"] if crash else []
+            restarted_all = threading.Event()  # with restarts, the writers go on until the manager is back
+            writers = scenario.Writers(
+                urls, args.view_transactions, connections=2, seed=args.seed, pause=0.05,
+                until=restarted_all if crashing else None,
+            )  # fmt: skip
             commits: list[tuple[str, int, float]] = []
             stop = threading.Event()
             marker = threading.Thread(target=write_markers, args=(urls, args.marker_interval, stop, commits))
             started = time.perf_counter()
             threads = writers.start()
             marker.start()
-            seen = await watch_markers(manager, lambda _: not any(t.is_alive() for t in threads), commits, {})
-            writing = time.perf_counter() - started
-            stop.set()
-            marker.join()
+
+            async def restart() -> scenario.Restarted:
+                try:
+                    return await scenario.crash_and_restart(deployment, wrappers, crashing, "v", 0.5)
+                finally:
+                    restarted_all.set()
+
+            restarting = asyncio.create_task(restart()) if crashing else None
+            try:
+                seen = await watch_markers(
+                    lambda: deployment.manager,
+                    lambda _: not any(t.is_alive() for t in threads) and (restarting is None or restarting.done()),
+                    commits, {}, restarting,
+                )  # fmt: skip
+            finally:
+                restarted_all.set()
+                stop.set()
+                marker.join()
+            writing_seconds = time.perf_counter() - started
+            before: list[ViewCounters] = []
+            restarts: dict[str, Any] | None = None
+            if restarting is not None:
+                restarted = restarting.result()
+                deployment = restarted.deployment
+                before.append(restarted.counters)
+                restarts = {"wrappers": restarted.wrappers, "manager": 1}
             if writers.errors:
                 raise CliError(f"a writer failed: {writers.errors[0]}")
-            seen = await watch_markers(manager, lambda found: len(found) >= len(commits), commits, seen)
+            seen = await watch_markers(
+                lambda: deployment.manager, lambda found: len(found) >= len(commits), commits, seen
+            )
             await deployment.wait_shipped(timeout=300)
+            manager = deployment.manager
             await manager.wait_idle("v", timeout=600)
-            converged = time.perf_counter() - started - writing
+            converged = time.perf_counter() - started - writing_seconds
             maintainer = manager.view("v").maintainer
             if maintainer.failed:
                 raise CliError(f"maintenance failed ({method} capture): {maintainer.failed}")
             checked = await scenario.check_oracle(manager, "v", initial)
-            from warehouse.recompute import recompute
-
             live = recompute(manager.view("v").plan, scenario.read_live(urls), scenario.COLUMNS)
             if manager.read("v") != live:
                 raise CliError(f"the view does not equal recomputation over the live sources ({method} capture)")
+        finally:
+            await deployment.__aexit__(None, None, None)
+    counters = [*before, maintainer.counters]
     lags = {source: sorted(seen[(s, k)] - t for s, k, t in commits if s == source) for source in MARKERS}
-    return {
+    run = {
         "capture": capture,
         "source_transactions_committed": sum(writers.committed),
-        "source_transactions_per_second": sum(writers.committed) / writing,
+        "source_transactions_per_second": sum(writers.committed) / writing_seconds,
         "marker_transactions": len(commits),
-        "writing_seconds": writing,
+        "writing_seconds": writing_seconds,
         "converged_seconds_after_writers": converged,
         "watermarks_checked_by_oracle": checked,
         "oracle": "passed",
-        "compensations": maintainer.counters.compensations,
+        "compensations": sum(c.compensations for c in counters),
         # the watermark waits for subqueries: their time per source shows where a slower view waits
-        "subqueries": {
-            source: {"count": h.count, "mean_seconds": h.mean()}
-            for source, h in sorted(maintainer.counters.subquery_seconds.items())
-        },
+        "subqueries": subquery_times(counters),
         "freshness_seconds": {
             source: {"p50": quantile(v, 0.5), "p95": quantile(v, 0.95), "max": max(v)}
             for source, v in lags.items()
             if v
         },
     }
+    if restarts is not None:
+        run["restarts"] = restarts
+    return run
+
+
+def subquery_times(counters: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Number and mean seconds of the subqueries per source, over the counters of every
+    manager of a run (they restart with the manager)."""
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for c in counters:
+        for source, histogram in c.subquery_seconds.items():
+            count[source] = count.get(source, 0) + histogram.count
+            total[source] = total.get(source, 0.0) + histogram.total
+    return {source: {"count": count[source], "mean_seconds": total[source] / count[source]} for source in sorted(count)}
 
 
 def freshness_ratios(trigger: dict[str, Any], log: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -418,16 +479,23 @@ def write_markers(urls: dict[str, str], interval: float, stop: threading.Event, 
 
 
 async def watch_markers(
-    manager: Any, done: Callable[[dict], bool], commits: list, seen: dict[tuple[str, int], float]
+    manager: Callable[[], Any],
+    done: Callable[[dict], bool],
+    commits: list,
+    seen: dict[tuple[str, int], float],
+    beside: asyncio.Task[Any] | None = None,
 ) -> dict[tuple[str, int], float]:
-    """``seen`` plus when each further committed marker first shows in the view, reading it
-    every 20 ms until ``done(seen so far)``."""
+    """``seen`` plus when each further committed marker first shows in the view of the
+    current ``manager()``, reading it every 20 ms until ``done(seen so far)`` (or until
+    ``beside``, a task running meanwhile, fails)."""
     seen = dict(seen)
     deadline = time.monotonic() + 600
     while not done(seen):
         if time.monotonic() > deadline:
             raise CliError("markers did not reach the view within 10 minutes")
-        view = manager.read("v")
+        if beside is not None and beside.done() and beside.exception() is not None:
+            beside.result()
+        view = manager().read("v")
         now = time.perf_counter()
         present = {row[column] for row, _ in view.items() for column in (0, 3, 5)}
         for source, key, _ in list(commits):

@@ -37,6 +37,12 @@ def print_freshness_run(method: str, run: dict[str, Any]) -> None:
         f"{source} {sub['count']} x {1000 * sub['mean_seconds']:.1f} ms" for source, sub in run["subqueries"].items()
     )
     print(f"  subqueries (number x mean time): {subqueries}")
+    restarts = run.get("restarts")
+    if restarts is not None:
+        print(
+            f"  restarted while the writers ran: wrappers {', '.join(restarts['wrappers'])} (SIGKILL), then the "
+            f"manager ({restarts['manager']}); the writers went on until the manager was back"
+        )
 
 
 def print_freshness_ratios(ratios: dict[str, dict[str, float]]) -> None:

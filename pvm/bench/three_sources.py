@@ -5,7 +5,8 @@ Shared by ``pvm bench capture`` and tests/test_real_sources_oracle.py. The oracl
 the source states the view passed through from the manager's durable update log (what the
 wrappers shipped) applied to the initial contents: the view as of every watermark W must
 equal recomputation over them, and at quiescence the view must equal recomputation over
-the live databases.
+the live databases. ``crash_and_restart`` is the failure both put the view through while
+the writers run: wrappers killed and restarted, then the manager restarted.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from contract.zset import ZSet
 from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
+from warehouse.counters import ViewCounters
 from warehouse.recompute import recompute
+
+if TYPE_CHECKING:
+    from pvm.local_deployment import LocalDeployment
 
 TABLES = {
     "pg": ("r", "CREATE TABLE r (id INTEGER PRIMARY KEY, b INTEGER, note VARCHAR(20))", ("id", "b", "note")),
@@ -115,13 +120,14 @@ def transaction(conn: sa.Connection, table: str, rng: random.Random, fresh: iter
 @dataclass
 class Writers:
     """Threads committing random transactions, ``connections`` per source, until each has
-    committed its share of ``transactions`` in total."""
+    committed its share of ``transactions`` in total (and, with ``until``, until it is set)."""
 
     urls: dict[str, str]
     transactions: int
     connections: int = 2
     seed: int = 1
     pause: float = 0.003
+    until: threading.Event | None = None
     committed: list[int] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
 
@@ -141,7 +147,7 @@ class Writers:
         try:
             with engine.connect() as conn:
                 done = 0
-                while done < share:
+                while done < share or (self.until is not None and not self.until.is_set()):
                     done += transaction(conn, table, rng, fresh)
                     time.sleep(rng.random() * self.pause)
             self.committed.append(done)
@@ -206,6 +212,46 @@ class WrapperSet:
         )  # fmt: skip
         self.deployment.wrappers[name] = wrapper
         return wrapper
+
+
+@dataclass
+class Restarted:
+    """What ``crash_and_restart`` did: the deployment of the new manager, the wrappers it
+    killed and started again, and the view's counters of the manager it stopped (counters
+    restart with the manager)."""
+
+    deployment: LocalDeployment
+    wrappers: list[str]
+    counters: ViewCounters
+
+
+async def crash_and_restart(
+    deployment: LocalDeployment, wrappers: WrapperSet, crashing: Sequence[str], view: str, pause: float = 1.0
+) -> Restarted:
+    """Crash the sources' side, then the manager, while writers run: after ``pause`` seconds
+    SIGKILL each wrapper of ``crashing`` and start it again on its port and state; after
+    another ``pause``, stop the manager alone (the wrappers keep capturing and resend what
+    it missed) and start a new one on the same port, catalog and store. The caller carries
+    on with the returned deployment (``wrappers`` already starts wrappers for it)."""
+    from pvm.local_deployment import LocalDeployment
+
+    await asyncio.sleep(pause)
+    await asyncio.gather(*(wrappers.restart(name) for name in crashing))  # SIGKILL, then the same state and port
+    await asyncio.sleep(pause)
+    counters = deployment.manager.view(view).maintainer.counters
+    running = dict(deployment.wrappers)
+    deployment.wrappers.clear()  # the manager goes down alone
+    await deployment.__aexit__(None, None, None)
+    await asyncio.sleep(0.5)
+    port = int(deployment.url.rsplit(":", 1)[1])
+    try:
+        restarted = await LocalDeployment(deployment.data_dir, store=deployment.manager.store, port=port).__aenter__()
+    except BaseException:
+        await asyncio.gather(*(asyncio.to_thread(w.stop) for w in running.values()))  # no orphan wrappers
+        raise
+    restarted.wrappers.update(running)
+    wrappers.deployment = restarted
+    return Restarted(restarted, list(crashing), counters)
 
 
 async def check_oracle(manager: Any, view: str, initial: dict[tuple[str, str], ZSet]) -> int:

@@ -29,15 +29,16 @@ updates are acknowledged within a poll or two, so that stretch stays short.
 learns S's transaction snapshot (``pg_current_snapshot()``) and the WAL insert position L
 read after S was fixed. Every transaction S sees wrote its commit record before S was
 taken, so before L; every transaction committing at or after L is invisible to S. The SQL
-interface decodes flushed WAL only: a subquery's read waits until the WAL is flushed
-through L, or for as long as the WAL writer takes to flush asynchronous commits
-(``_wait_for_flush``), and decodes the slot up to L. Whether S sees a decoded transaction
+interface decodes flushed WAL only: when the WAL is not flushed through L, a subquery's read
+has it flushed by committing a logical message of its own (``_flush_through``), and decodes
+the slot up to L. Whether S sees a decoded transaction
 follows from its xid and S's ``xmin:xmax:xip``. A poll does not wait: it records a position
 beyond its last transaction only where the WAL was flushed through L.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -56,12 +57,18 @@ from wrappers.capture.types import wire_value
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema
 
+log = logging.getLogger(__name__)
+
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 _OBJECT_IN_USE = "55006"
 _INSUFFICIENT_PRIVILEGE = "42501"
 CREATED_WAIT_SECONDS = 60.0
 IN_USE_WAIT_SECONDS = 5.0
 STATUS_EVERY_SECONDS = 1.0
+# A transaction that writes WAL (a logical message no table holds) and so flushes it when it commits.
+FLUSH_TRANSACTION = (
+    "BEGIN; SET LOCAL synchronous_commit = local; SELECT pg_logical_emit_message(true, 'pvm', ''); COMMIT"
+)
 
 
 # -- names ---------------------------------------------------------------------------------------
@@ -388,6 +395,8 @@ class PgLog:
                 conn.exec_driver_sql("SELECT setting FROM pg_settings WHERE name = 'wal_writer_delay'").scalar_one()
             )
         self._async_flush_seconds = 3 * writer_delay_ms / 1000 + 0.1
+        self._force_flush = True
+        self._flusher: sa.Connection | None = None
         if found is None:
             raise WrapperError(f"replication slot {slot!r} does not exist: run pvm wrapper install --capture log")
         if found["active_pid"] is not None:
@@ -417,7 +426,7 @@ class PgLog:
         ).one()
         snapshot_text, upto, flushed = str(found[0]), int(found[1]), int(found[2])
         if exact and flushed < upto:
-            flushed = self._wait_for_flush(conn, upto)
+            flushed = self._flush_through(conn, upto)
         snapshot = PgSnapshot.parse(snapshot_text)
         transactions = self._decode(conn, after, upto)  # decodes at least through ``flushed``
         prefix, complete = visible_prefix(transactions, lambda xid: snapshot.sees(int(xid)), exact=exact)
@@ -430,15 +439,45 @@ class PgLog:
         self._refresh_status(conn, through)
         return LogRead(prefix, through)
 
-    def _wait_for_flush(self, conn: sa.Connection, upto: int) -> int:
-        """Wait until the WAL is flushed through ``upto``, or for as long as the WAL writer
-        takes to flush asynchronous commits (3 x ``wal_writer_delay``): the flushed WAL
-        position then, or sooner once it is past ``upto``.
+    def _flush_through(self, conn: sa.Connection, upto: int) -> int:
+        """Have the WAL flushed through ``upto``: the flushed position then (past ``upto``
+        unless the flush could not be asked for, see below).
 
         The log can be read only as far as it is flushed. A transaction committing with
         ``synchronous_commit = on`` is flushed before it becomes visible; one with ``off``
-        may be visible first, and is flushed by the WAL writer within that time. Records of
-        transactions still running may stay unflushed for longer; they do not matter."""
+        may be visible first, its commit record still unflushed. Waiting for the WAL writer
+        to flush it (up to 3 x ``wal_writer_delay``), or for some writer's next commit, made
+        a subquery wait most of the time: the WAL of transactions still running lies past
+        the last flush whenever writers are busy. So the read commits a transaction of its
+        own instead, on another connection: a transactional logical message (which changes
+        no table, and which ``pgoutput`` does not pass on) committed with ``synchronous_commit
+        = local``, whose commit flushes the WAL through its own commit record, written after
+        ``upto`` was read. Where that fails other than by a lost connection (the function's
+        EXECUTE right revoked, say), reads wait as before from then on, and say so once in
+        the log."""
+        if self._force_flush:
+            try:
+                if self._flusher is None:  # its own connection: the pool's may all be held by snapshots
+                    self._flusher = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                self._flusher.exec_driver_sql(FLUSH_TRANSACTION)  # one round trip
+            except sa.exc.DBAPIError as exc:
+                flusher, self._flusher = self._flusher, None
+                if flusher is not None:
+                    flusher.invalidate()
+                if not exc.connection_invalidated:  # a lost connection: wait this time, connect again the next
+                    self._force_flush = False
+                    log.warning(
+                        "%s: cannot have the WAL flushed (%s); subqueries wait for the WAL writer instead",
+                        shown(self._engine.url),
+                        reason(exc),
+                    )
+        return self._wait_for_flush(conn, upto)
+
+    def _wait_for_flush(self, conn: sa.Connection, upto: int) -> int:
+        """Wait until the WAL is flushed through ``upto``, or for as long as the WAL writer
+        takes to flush asynchronous commits (3 x ``wal_writer_delay``): the flushed WAL
+        position then, or sooner once it is past ``upto``. Records of transactions still
+        running may stay unflushed for longer; they do not matter."""
         deadline = time.monotonic() + self._async_flush_seconds
         wait = 0.001
         while True:
