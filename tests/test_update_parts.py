@@ -22,15 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import wrappers.shipper as shipper
+import wrappers.wrapper as wrapper_module
 from api.wrapper_app import create_app as create_wrapper_app
 from contract.zset import ZSet
 from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from pvm.local_deployment import LocalDeployment
+from tests.capture_support import run_sql
+from tests.fake_manager import FakeManager
 from warehouse.catalog.db import Catalog, LogEntry
 from warehouse.recompute import recompute
 from warehouse.store.memory import MemoryStore
+from wrappers.capture import CaptureConfig
+from wrappers.capture.snapshots import SnapshotOptions
+from wrappers.replica import RowChange
 from wrappers.wrapper import Wrapper, WrapperConfig
 
 SOURCE, TABLE = "sa", "R"
@@ -38,6 +45,7 @@ COLUMNS = {(SOURCE, TABLE): ("id", "batch", "v")}
 VIEW = "SELECT R.id, R.batch, R.v FROM sa.R WHERE R.v >= 0"
 PART = 40  # changes per message
 ROWS = 150  # rows a transaction writes: 4 parts as inserts or deletes, 8 as updates (-old, +new)
+SMALL = 100  # batches from here on are single rows, written by small transactions
 
 
 @pytest.fixture(autouse=True)
@@ -71,11 +79,14 @@ def read_live(path: Path) -> dict[tuple[str, str], ZSet]:
 
 
 def whole_batches(rows: ZSet) -> bool:
-    """Whether every batch in ``rows`` (id, batch, v) has all its rows, all of one value."""
+    """Whether every batch in ``rows`` (id, batch, v) has all its rows, all of one value (a
+    batch numbered from ``SMALL`` on has one row)."""
     by_batch: dict[Any, list[Any]] = defaultdict(list)
     for (_, batch, v), weight in rows.items():
         by_batch[batch].extend([v] * weight)
-    return all(len(values) == ROWS and len(set(values)) == 1 for values in by_batch.values())
+    return all(
+        len(values) == (1 if batch >= SMALL else ROWS) and len(set(values)) == 1 for batch, values in by_batch.items()
+    )
 
 
 @asynccontextmanager
@@ -245,3 +256,169 @@ async def test_parts_are_resent_from_the_first_after_a_manager_restart(
             assert {v for (_, _, v) in final.rows()} == {1}
     finally:
         await deployment.__aexit__(None, None, None)
+
+
+SERVERS = {"postgresql": "pg_url", "postgresql-log": "pg_log_url", "mariadb": "maria_url", "mariadb-log": "maria_url"}
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("kind", list(SERVERS))
+async def test_a_large_transaction_of_a_server_is_one_update_in_parts(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trigger and log capture of PostgreSQL and MariaDB: small transactions are merged into
+    updates of at most 30 rows here, a large one is never cut and travels in parts."""
+    url = request.getfixturevalue(SERVERS[kind])
+    monkeypatch.setattr(wrapper_module, "_ROWS_PER_UPDATE", 30)
+    run_sql(url, "CREATE TABLE big (id INTEGER PRIMARY KEY, grp INTEGER, v INTEGER)")
+    engine = sa.create_engine(url)
+
+    def transaction(*statements: tuple[str, Any]) -> None:
+        with engine.begin() as conn:
+            for statement, parameters in statements:
+                conn.execute(sa.text(statement), parameters)
+
+    insert = "INSERT INTO big VALUES (:id, :grp, :v)"
+    with FakeManager() as manager:
+        config = WrapperConfig(
+            source=SOURCE,
+            url=url,
+            tables=("big",),
+            manager_url=manager.url,
+            state_dir=tmp_path / "state",
+            poll_interval=0.02,
+            capture=CaptureConfig("log" if kind.endswith("-log") else "trigger"),
+        )
+        wrapper = Wrapper(config)
+        await wrapper.start()
+        try:
+            await wrapper.ship_once()  # log capture starts where its first read is
+            await asyncio.to_thread(transaction, (insert, [{"id": i, "grp": 1, "v": 1} for i in range(ROWS)]))
+            for i in range(40):  # small transactions, merged
+                await asyncio.to_thread(transaction, (insert, {"id": 1000 + i, "grp": SMALL + i, "v": 0}))
+            await asyncio.to_thread(transaction, ("UPDATE big SET v = v + 1 WHERE grp = 1", {}))
+            await asyncio.to_thread(transaction, ("DELETE FROM big WHERE grp >= :g", {"g": SMALL + 20}))
+            for _ in range(600):
+                await wrapper.ship_once()
+                if not wrapper.state.has_pending and manager.through(SOURCE) == wrapper.state.last_seq:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await wrapper.stop()
+            engine.dispose()
+    updates = manager.updates(SOURCE)
+    assert updates and [u.seq for u in updates] == list(range(1, len(updates) + 1))
+    state = ZSet()
+    for update in updates:
+        for change in update.changes:
+            state.add((change.row["id"], change.row["grp"], change.row["v"]), change.sign)
+        assert whole_batches(state), f"the source state after seq {update.seq} has a transaction in part"
+    assert state == ZSet.from_rows([(i, 1, 2) for i in range(ROWS)] + [(1000 + i, SMALL + i, 0) for i in range(20)])
+    assert any(len(u.changes) >= 2 * ROWS for u in updates)  # the update of the large batch: one seq
+    parts = [u.part for b in manager.posts for u in b.updates if u.part is not None]
+    assert sum(p.last for p in parts) >= 2 and len(parts) >= 4 + 8  # the insert and the update, in parts
+    if kind.startswith("postgresql"):  # where transactions are known, small ones are merged, not one per update
+        assert len(updates) < 40
+
+
+REPLICA_CAPTURE = {
+    "timestamp": CaptureConfig("timestamp", timestamp_column="modified", settle_seconds=0),
+    "snapshot": CaptureConfig("snapshot", snapshot=SnapshotOptions(interval=0.01, algorithm="window")),
+    "application": CaptureConfig("application"),
+}
+
+
+@pytest.mark.parametrize("method", list(REPLICA_CAPTURE))
+async def test_a_large_pull_or_application_transaction_is_one_update_in_parts(tmp_path: Path, method: str) -> None:
+    """Timestamp, snapshot and application capture feed a replica, whose trigger capture
+    ships each pull (each application transaction) as one update, in parts when large."""
+    path = tmp_path / "legacy.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, grp INTEGER, v INTEGER, modified INTEGER)")
+
+    def write(statement: str, rows: list[tuple[Any, ...]] | None = None) -> None:
+        with sqlite3.connect(path) as db:
+            db.executemany(statement, rows) if rows is not None else db.execute(statement)
+
+    def replayed(manager: FakeManager) -> ZSet:
+        state = ZSet()
+        for update in manager.updates(SOURCE):
+            for change in update.changes:
+                state.add((change.row["id"], change.row["grp"], change.row["v"]), change.sign)
+            assert whole_batches(state), f"the source state after seq {update.seq} has a transaction in part"
+        return state
+
+    with FakeManager() as manager:
+        config = WrapperConfig(
+            SOURCE, f"sqlite:///{path}", ("items",), manager.url, state_dir=tmp_path / "state",
+            poll_interval=0.02, capture=REPLICA_CAPTURE[method],
+        )  # fmt: skip
+        wrapper = Wrapper(config)
+        await wrapper.start()
+        try:
+            for v in (1, 2):
+                if method == "application":
+                    op: Any = "insert" if v == 1 else "update"
+                    await wrapper.post_changes(
+                        [RowChange("items", op, key={"id": i}, row={"id": i, "grp": 1, "v": v}) for i in range(ROWS)]
+                    )
+                elif v == 1:
+                    write("INSERT INTO items VALUES (?, 1, 1, 1)", [(i,) for i in range(ROWS)])
+                else:
+                    write("UPDATE items SET v = 2, modified = 2")
+                wanted = ZSet.from_rows([(i, 1, v) for i in range(ROWS)])
+                for _ in range(400):
+                    if replayed(manager) == wanted:
+                        break
+                    await asyncio.sleep(0.05)
+                assert replayed(manager) == wanted, f"{method}: v = {v} never arrived whole"
+        finally:
+            await wrapper.stop()
+    updates = manager.updates(SOURCE)
+    assert [len(u.changes) for u in updates] == [ROWS, 2 * ROWS]
+    assert len([u for b in manager.posts for u in b.updates if u.part is not None]) == 4 + 8
+
+
+async def test_a_wrapper_that_restarts_mid_update_resends_it_from_the_first_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sa.db"
+    make_source(path)
+    stuck = asyncio.Event()  # set once the first wrapper hangs after part 1: it is stopped there
+    post = shipper.Shipper._acknowledgment
+
+    async def acknowledgment(self: shipper.Shipper, body: str, last_seq: int) -> Any:
+        ack = await post(self, body, last_seq)
+        if '"part":{"index":1' in body and not stuck.is_set():
+            stuck.set()
+            await asyncio.Event().wait()  # never: the wrapper is stopped here
+        return ack
+
+    monkeypatch.setattr(shipper.Shipper, "_acknowledgment", acknowledgment)
+    with FakeManager() as manager:
+
+        def config() -> WrapperConfig:
+            return WrapperConfig(
+                SOURCE, f"sqlite:///{path}", (TABLE,), manager.url, state_dir=tmp_path / "state", poll_interval=0.02
+            )
+
+        first = Wrapper(config())
+        await first.start()
+        try:
+            await asyncio.to_thread(write, path, "update", 0)  # 300 changes: 8 parts
+            await asyncio.wait_for(stuck.wait(), 30)
+        finally:
+            await first.stop()
+        assert manager.through(SOURCE) == 0 and len(manager._parts[SOURCE]) == 2  # parts 0 and 1 held
+        second = Wrapper(config())
+        assert second.state.last_seq == 1 and second.state.has_pending  # the update is still the wrapper's
+        await second.start()
+        try:
+            await asyncio.to_thread(manager.wait_through, SOURCE, 1, 30)
+        finally:
+            await second.stop()
+    indexes = [u.part.index for b in manager.posts for u in b.updates if u.part is not None]
+    assert indexes == [0, 1, *range(8)]  # from part 0 again
+    [update] = manager.updates(SOURCE)
+    assert len(update.changes) == 2 * ROWS and manager.conflicts == []
+    assert sorted(c.row["v"] for c in update.changes if c.sign > 0) == [1] * ROWS

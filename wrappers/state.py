@@ -203,7 +203,10 @@ class WrapperState:
             return self.captured_through if oldest is None else int(oldest)
 
     def close(self) -> None:
-        self._db.close()
+        """Close the state once no write is under way: a task cancelled while its write runs on
+        a thread (``Wrapper.stop``) leaves the write running, and closing SQLite under it crashes."""
+        with self._mutex:
+            self._db.close()
         self._lock_file.close()
 
     # -- helpers --------------------------------------------------------------------------
