@@ -110,7 +110,7 @@ class Shipper:
             ack = await self._acknowledgment(
                 UpdateBatch(source=self.source, updates=[part]).model_dump_json(), last_seq
             )
-            if ack.through >= update.seq or update.seq in ack.held:
+            if ack.through >= update.seq:
                 return ack.through  # whole (part 0 of a seq the manager has: it says so at once)
             if index == count - 1:
                 raise ShipError(f"the manager acknowledged only through seq {ack.through} after the last part")
