@@ -293,12 +293,15 @@ async def test_an_update_in_parts_is_released_whole_with_its_last_part(env):
         "parts"
     ] == 2
     assert released == [] and await env.manager.db(Catalog.log_entries, "a", 0) == []  # nothing before the last
+    shown = (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()
+    assert (shown["last_seq"], shown["unfinished"]) == (0, {"seq": 1, "parts": 2, "changes": 6})
     assert (await c.post("/v1/updates", json=batch(part(1, 2, True, range(6, 8))), headers=wrapper)).json() == {
         "through": 1,
         "held": [],
     }
     [entry] = await env.manager.db(Catalog.log_entries, "a", 0)
     assert (entry.seq, [ch["row"]["k"] for ch in entry.changes]) == (1, list(range(8)))
+    assert (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()["unfinished"] is None
     assert released == [(1, 8)]
     # a wrapper that restarted resends from part 0: acknowledged at once, nothing logged twice
     assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json() == {

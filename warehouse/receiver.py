@@ -134,6 +134,7 @@ class SourceStatus:
     held: int
     waiting_for: int | None
     held_through: int | None
+    unfinished: tuple[int, int, int] | None = None  # (seq, parts, changes) of an update whose parts arrive
 
 
 class Receiver:
@@ -173,9 +174,13 @@ class Receiver:
 
     def status(self, source: str) -> SourceStatus:
         cursor = self._cursors.get(source, SourceCursor())
-        held = cursor.held
+        held, parts = cursor.held, cursor.assembly
         return SourceStatus(
-            cursor.released_through, len(held), cursor.released_through + 1 if held else None, max(held, default=None)
+            cursor.released_through,
+            len(held),
+            cursor.released_through + 1 if held else None,
+            max(held, default=None),
+            None if parts is None else (parts.seq, parts.parts, len(parts.changes)),
         )
 
     def forget(self, source: str) -> None:
