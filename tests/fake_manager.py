@@ -5,7 +5,7 @@ the acknowledgment covers the contiguous prefix and lists held seqs above a gap.
 refuse posts with 503 (``fail_posts`` next posts, or all while ``down``) and records every
 post, accepted or not, so tests can check what was sent and how often. An update in parts
 is put together as the receiver does (in order from part 0, which starts it afresh; 409
-otherwise) and stored whole with its last part; ``forget_parts`` is what a restart does.
+otherwise) and stored whole with its last part.
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ class FakeManager:
             n += 1
         return n
 
-    def forget_parts(self) -> None:
-        """Drop the parts of unfinished updates, as a manager that restarts does."""
-        with self._lock:
-            self._parts.clear()
-
     # -- reading what arrived -----------------------------------------------------------------
+    def parts_held(self, source: str) -> int:
+        """How many parts of an unfinished update of ``source`` are held."""
+        with self._lock:
+            return len(self._parts.get(source, []))
+
     def through(self, source: str) -> int:
         with self._lock:
             return self._through(source)

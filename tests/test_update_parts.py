@@ -409,7 +409,7 @@ async def test_a_wrapper_that_restarts_mid_update_resends_it_from_the_first_part
             await asyncio.wait_for(stuck.wait(), 30)
         finally:
             await first.stop()
-        assert manager.through(SOURCE) == 0 and len(manager._parts[SOURCE]) == 2  # parts 0 and 1 held
+        assert manager.through(SOURCE) == 0 and manager.parts_held(SOURCE) == 2  # parts 0 and 1 held
         second = Wrapper(config())
         assert second.state.last_seq == 1 and second.state.has_pending  # the update is still the wrapper's
         await second.start()
