@@ -92,7 +92,7 @@ def read_batch(body: bytes) -> IncomingBatch:
         document["updates"][index] = None  # its parsed form is freed now, not all at the end
         if len(problems) >= MAX_PROBLEMS:
             break
-        updates.append(PlainUpdate(update.seq, changes, update.txid, update.captured_at))
+        updates.append(PlainUpdate(update.seq, changes, update.txid, update.captured_at, update.part))
     if problems:
         raise BatchInvalid(problems[:MAX_PROBLEMS])
     return IncomingBatch(skeleton.source, updates)

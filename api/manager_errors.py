@@ -46,7 +46,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ReceiveError)
     async def _receive_error(request: Request, exc: ReceiveError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
     @app.exception_handler(SourceError)
     async def _source_error(request: Request, exc: SourceError) -> JSONResponse:

@@ -87,6 +87,14 @@ class WrapperHealth(BaseModel):
     )
 
 
+class UnfinishedUpdate(BaseModel):
+    """The parts received so far of an update larger than one message (docs/api.md)."""
+
+    seq: int
+    parts: int
+    changes: int
+
+
 class SourceOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -113,6 +121,9 @@ class SourceOut(BaseModel):
     )
     waiting_for_seq: int | None = Field(default=None, description="while updates are held: the first missing seq")
     held_through: int | None = Field(default=None, description="while updates are held: the highest seq held")
+    unfinished: UnfinishedUpdate | None = Field(
+        default=None, description="an update whose parts are arriving: in memory until its last part"
+    )
     health: WrapperHealth | None = Field(default=None, description="the wrapper's own report (shown for one source)")
 
 

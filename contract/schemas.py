@@ -139,14 +139,33 @@ class Change(BaseModel):
     row: dict[str, Scalar] = Field(examples=[{"id": 7, "customer": 3, "amount": 12.5}])
 
 
+MAX_PARTS_PER_UPDATE = 1_000_000
+"""The most parts one update may be shipped in (a bound on ``UpdatePart.index``)."""
+
+
+class UpdatePart(BaseModel):
+    """Which part of an update a message carries, for an update larger than one message
+    (more than ``MAX_CHANGES_PER_UPDATE`` changes): every part carries the update's seq and
+    txid, parts go in order from index 0, and the manager assembles them into one update,
+    released to the views only once the ``last`` part arrived (docs/api.md, Shipping updates)."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=0, lt=MAX_PARTS_PER_UPDATE, description="0, 1, 2, … in order", examples=[0])
+    last: bool = Field(description="whether this part completes the update", examples=[False])
+
+
 class Update(BaseModel):
-    """The changes of one committed source transaction (or of several consecutive ones)."""
+    """The changes of one committed source transaction (or of several consecutive ones), or,
+    with ``part``, one part of them: an update of any size travels as one seq."""
 
     model_config = ConfigDict(extra="forbid")
     seq: int = Field(ge=1, le=INT64_MAX, description="gap-free, 1, 2, 3, … in shipping order", examples=[1])
     changes: list[Change] = Field(max_length=MAX_CHANGES_PER_UPDATE)
     txid: str | None = Field(default=None, description="source transaction id, where exposed")
     captured_at: float | None = Field(default=None, description="unix time the wrapper captured it")
+    part: UpdatePart | None = Field(
+        default=None, description="one part of a larger update (absent: the whole update); alone in its batch"
+    )
 
 
 class UpdateBatch(BaseModel):
@@ -178,10 +197,14 @@ class UpdateBatch(BaseModel):
 
 
 class Ack(BaseModel):
-    """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap."""
+    """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap;
+    ``parts``, only in the answer to a part that is not the last: how many parts of its update
+    the manager holds (in memory, not durable: a wrapper that sees fewer than it sent resends
+    from part 0)."""
 
     through: int = Field(ge=0, le=INT64_MAX)
     held: list[int] = []
+    parts: int | None = Field(default=None, ge=0, examples=[3])
 
 
 class Subquery(BaseModel):

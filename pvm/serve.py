@@ -148,6 +148,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how far beyond a source's last received seq an update is accepted, held until the gap fills (default: 100000)",
     )
     parser.add_argument(
+        "--max-unfinished-changes",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="the most changes a source may hold in the parts of an update not complete yet, in memory (default: 1000000)",
+    )
+    parser.add_argument(
         "--max-verifications",
         type=int,
         default=1,
@@ -385,6 +392,7 @@ def run(args: argparse.Namespace) -> int:
             stall_after_s=args.stall_after,
             catalog_key_file=key_file,
             seq_window=args.seq_window,
+            max_unfinished_changes=args.max_unfinished_changes,
             max_verifications=args.max_verifications,
             change_log_warning_bytes=args.change_log_warning_mb << 20,
         )
@@ -484,6 +492,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--commit-group-size must be at least 1")
     if args.seq_window < 1:
         raise CliError("--seq-window must be at least 1")
+    if args.max_unfinished_changes < 1:
+        raise CliError("--max-unfinished-changes must be at least 1")
     if args.max_verifications < 1:
         raise CliError("--max-verifications must be at least 1")
     if args.change_log_warning_mb < 1:

@@ -68,9 +68,11 @@ GET /v1/health.
 updates: every --poll-interval the wrapper reads, in one snapshot, everything committed since
 its previous read and ships it as ONE update: whole source transactions only (a transaction
 is never split), but all those one read sees are merged, so an update may hold several
-(PostgreSQL names the transaction, txid, when an update holds exactly one). Only a backlog
-above 100,000 changes is cut into several updates (logged; PostgreSQL cuts between
-transactions, SQLite and MariaDB may cut inside one). Timestamp and snapshot capture make one
+(PostgreSQL names the transaction, txid, when an update holds exactly one). A PostgreSQL
+backlog above 50,000 rows becomes several updates, cut between transactions only; SQLite and
+MariaDB name no transaction, so a read is one update however large. An update above 100,000
+changes is shipped in parts of one seq, which the manager puts together before any view sees
+it. Timestamp and snapshot capture make one
 update of each pull (every change that pull saw); application capture merges the
 transactions posted since the previous read. While the manager is down, capture goes on
 (trigger changes wait in the outbox, pulls and application posts go into the replica) and

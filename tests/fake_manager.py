@@ -3,7 +3,9 @@
 It behaves like the real receiver where wrappers can tell: ``(source, seq)`` is idempotent,
 the acknowledgment covers the contiguous prefix and lists held seqs above a gap. It can
 refuse posts with 503 (``fail_posts`` next posts, or all while ``down``) and records every
-post, accepted or not, so tests can check what was sent and how often.
+post, accepted or not, so tests can check what was sent and how often. An update in parts
+is put together as the receiver does (in order from part 0, which starts it afresh; 409
+otherwise) and stored whole with its last part.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class FakeManager:
         self.posts: list[UpdateBatch] = []
         self.conflicts: list[tuple[int, Update, Update]] = []
         self._updates: dict[str, dict[int, Update]] = {}
+        self._parts: dict[str, list[Update]] = {}  # per source: the parts of an unfinished update
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -46,6 +49,24 @@ class FakeManager:
                     self.fail_posts = max(0, self.fail_posts - 1)
                     return JSONResponse({"detail": "unavailable"}, status_code=503)
                 log = self._updates.setdefault(batch.source, {})
+                if len(batch.updates) == 1 and (part := batch.updates[0].part) is not None:
+                    held = self._parts.setdefault(batch.source, [])
+                    update = batch.updates[0]
+                    if update.seq in log:
+                        if part.index == 0:
+                            return Ack(through=self._through(batch.source), held=[])
+                        return JSONResponse({"detail": "seq complete already"}, status_code=409)
+                    if part.index == 0:
+                        held.clear()
+                    elif not held or held[0].seq != update.seq or len(held) != part.index:
+                        return JSONResponse({"detail": "part out of order"}, status_code=409)
+                    held.append(update)
+                    if not part.last:
+                        return Ack(through=self._through(batch.source), held=[], parts=len(held))
+                    changes = [c for piece in held for c in piece.changes]
+                    whole = Update.model_construct(seq=update.seq, changes=changes, txid=update.txid, part=None)
+                    held.clear()
+                    batch = UpdateBatch.model_construct(source=batch.source, updates=[whole])
                 for update in batch.updates:
                     known = log.setdefault(update.seq, update)
                     if known != update:
@@ -63,6 +84,11 @@ class FakeManager:
         return n
 
     # -- reading what arrived -----------------------------------------------------------------
+    def parts_held(self, source: str) -> int:
+        """How many parts of an unfinished update of ``source`` are held."""
+        with self._lock:
+            return len(self._parts.get(source, []))
+
     def through(self, source: str) -> int:
         with self._lock:
             return self._through(source)

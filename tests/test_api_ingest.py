@@ -1,7 +1,9 @@
 """``POST /v1/updates`` under large and wrong input: a batch of tens of megabytes is parsed
 without stopping the event loop, a seq resent with other content is refused (409), a seq too
 far ahead is refused (422) and held updates are visible, numbers outside 64 bits are 422, and
-so is a value that does not fit its column's type, with nothing of its batch acknowledged."""
+so is a value that does not fit its column's type, with nothing of its batch acknowledged.
+An update in parts is logged and released whole with its last part; parts out of order, of a
+complete seq, with another txid or beyond what a source may hold unfinished are refused."""
 
 from __future__ import annotations
 
@@ -270,6 +272,100 @@ async def test_a_seq_too_far_ahead_is_refused_and_held_ones_are_shown(env):
     assert (await c.post("/v1/updates", json=batch(*fill), headers=wrapper)).json() == {"through": 11, "held": []}
     shown = (await c.get("/v1/sources/a", headers=admin)).json()
     assert (shown["last_seq"], shown["held"], shown["waiting_for_seq"]) == (11, 0, None)
+
+
+def part(seq: int, index: int, last: bool, keys: range, txid: str | None = "t1", v: str = "x") -> dict:
+    changes = [{"relation": "R", "sign": 1, "row": {"k": k, "v": v}} for k in keys]
+    return {"seq": seq, "txid": txid, "changes": changes, "part": {"index": index, "last": last}}
+
+
+async def test_an_update_in_parts_is_released_whole_with_its_last_part(env):
+    c, wrapper = env.client, env.auth("wrapper_a")
+    released: list[tuple[int, int]] = []
+    release = env.manager.receiver._release
+    env.manager.receiver._release = lambda entry: (released.append((entry.seq, len(entry.changes))), release(entry))
+    assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json() == {
+        "through": 0,
+        "held": [],
+        "parts": 1,
+    }
+    assert (await c.post("/v1/updates", json=batch(part(1, 1, False, range(3, 6))), headers=wrapper)).json()[
+        "parts"
+    ] == 2
+    assert released == [] and await env.manager.db(Catalog.log_entries, "a", 0) == []  # nothing before the last
+    shown = (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()
+    assert (shown["last_seq"], shown["unfinished"]) == (0, {"seq": 1, "parts": 2, "changes": 6})
+    assert (await c.post("/v1/updates", json=batch(part(1, 2, True, range(6, 8))), headers=wrapper)).json() == {
+        "through": 1,
+        "held": [],
+    }
+    [entry] = await env.manager.db(Catalog.log_entries, "a", 0)
+    assert (entry.seq, [ch["row"]["k"] for ch in entry.changes]) == (1, list(range(8)))
+    assert (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()["unfinished"] is None
+    assert released == [(1, 8)]
+    # a wrapper that restarted resends from part 0: acknowledged at once, nothing logged twice
+    assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json() == {
+        "through": 1,
+        "held": [],
+    }
+    # part 0 starts an update afresh, dropping what was held of it
+    await c.post("/v1/updates", json=batch(part(2, 0, False, range(20, 23), v="old")), headers=wrapper)
+    await c.post("/v1/updates", json=batch(part(2, 0, False, range(20, 22))), headers=wrapper)
+    assert (await c.post("/v1/updates", json=batch(part(2, 1, True, range(22, 23))), headers=wrapper)).json()[
+        "through"
+    ] == 2
+    logged = (await env.manager.db(Catalog.log_entries, "a", 0))[-1]
+    assert [(ch["row"]["k"], ch["row"]["v"]) for ch in logged.changes] == [(20, "x"), (21, "x"), (22, "x")]
+    assert released == [(1, 8), (2, 3)]
+
+
+async def test_bad_part_sequences_are_refused_naming_the_problem(env):
+    c, wrapper = env.client, env.auth("wrapper_a")
+
+    async def post(*updates: dict) -> httpx.Response:
+        return await c.post("/v1/updates", json=batch(*updates), headers=wrapper)
+
+    assert (await post(update(1, {"k": 1, "v": "x"}))).json()["through"] == 1
+    cases = [
+        ((part(2, 1, False, range(2)),), 409, ["part 1 of update seq 2", "out of order", "no part of it"]),
+        ((part(1, 1, True, range(2)),), 409, ["part 1 of update seq 1", "complete already"]),
+        ((part(2, 0, False, range(2)), update(3, {"k": 3, "v": "x"})), 422, ["carries nothing else"]),
+    ]
+    for updates, status, says in cases:
+        r = await post(*updates)
+        assert r.status_code == status and all(w in r.json()["detail"] for w in says), r.text
+    assert (await post(part(2, 0, False, range(2)))).json()["parts"] == 1
+    for updates, status, says in [
+        (
+            (part(2, 2, False, range(2)),),
+            409,
+            ["part 2 of update seq 2", "out of order", "parts 0-0", "next is part 1"],
+        ),
+        ((part(3, 1, False, range(2)),), 409, ["part 1 of update seq 3", "out of order", "parts of seq 2 instead"]),
+        ((part(2, 1, True, range(2), txid="t2"),), 422, ["carries txid 't2'", "part 0 carried 't1'"]),
+        ((part(2, 1, True, range(2), v=7),), 422, ["update seq 2", "column 'v'"]),  # checked as it arrives
+    ]:
+        r = await post(*updates)
+        assert r.status_code == status and all(w in r.json()["detail"] for w in says), r.text
+    # a refused part changed nothing: the update goes on from part 1
+    assert (await post(part(2, 1, True, range(2, 4)))).json() == {"through": 2, "held": []}
+    assert [len(e.changes) for e in await env.manager.db(Catalog.log_entries, "a", 0)] == [1, 4]
+    # a bad part index and a part without `last` are refused by the schema
+    for bad in ({"index": -1, "last": True}, {"index": 0}, {"index": 0, "last": True, "more": 1}):
+        r = await post({**part(3, 0, True, range(1)), "part": bad})
+        assert r.status_code == 422 and "part" in r.text, r.text
+
+
+async def test_what_a_source_holds_unfinished_is_bounded(env):
+    c, wrapper = env.client, env.auth("wrapper_a")
+    env.manager.receiver.max_unfinished = 5
+    assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json()["parts"] == 1
+    r = await c.post("/v1/updates", json=batch(part(1, 1, False, range(3, 6))), headers=wrapper)
+    assert r.status_code == 413 and all(w in r.json()["detail"] for w in ("6 changes", "more than the 5")), r.text
+    assert env.manager.receiver._cursors["a"].assembly is None  # dropped: its memory is free
+    r = await c.post("/v1/updates", json=batch(part(1, 1, True, range(3, 4))), headers=wrapper)
+    assert r.status_code == 409 and "no part of it" in r.json()["detail"]
+    assert (await c.post("/v1/updates", json=batch(part(1, 0, True, range(5))), headers=wrapper)).json()["through"] == 1
 
 
 async def test_held_updates_wait_in_the_log_and_are_released_in_order(env):

@@ -106,7 +106,7 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications"])
+@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications", "--max-unfinished-changes"])
 def test_counts_must_be_positive(tmp_path, capsys, value: str, option: str) -> None:
     code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"{option}={value}")
     assert code == 2 and option in err, err
@@ -141,6 +141,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "7",
                 "--seq-window",
                 "50",
+                "--max-unfinished-changes",
+                "5000",
                 "--max-verifications",
                 "2",
                 "--change-log-warning-mb",
@@ -154,6 +156,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "catalog_key_file": tmp_path / "catalog.key",
         "stall_after_s": 60.0,
         "seq_window": 50,
+        "max_unfinished_changes": 5000,
         "max_verifications": 2,
         "change_log_warning_bytes": 64 << 20,
     }

@@ -34,7 +34,8 @@ def test_help_states_the_ts_limits_and_the_transaction_grouping(
     assert "everything committed since its previous read and ships it as ONE update" in text
     assert "whole source transactions only (a transaction is never split)" in text
     assert "all those one read sees are merged, so an update may hold several" in text
-    assert "Only a backlog above 100,000 changes is cut into several updates" in text
+    assert "cut between transactions only" in text and "however large" in text
+    assert "shipped in parts of one seq" in text
     assert "While the manager is down, capture goes on" in text
 
 
@@ -43,5 +44,6 @@ def test_the_docs_say_the_same() -> None:
     assert "**TS cannot see deletes.**" in docs
     assert "one read shows whole committed transactions only, and all of them become one update" in docs
     assert "a source transaction is never split" in docs
-    assert "only a backlog larger than one update, 100,000 changes, is cut" in docs
+    assert "cut between transactions only" in docs and "a read is one update however large" in docs
+    assert "the wrapper ships it in parts" in docs
     assert "one source transaction per update" not in docs

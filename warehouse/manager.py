@@ -37,7 +37,7 @@ from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
-from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
+from warehouse.receiver import DEFAULT_MAX_UNFINISHED, DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.seq_history import MAX_SPANS, SeqHistory
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.sql_views import ViewDefinitionError, parse_view
@@ -152,6 +152,7 @@ class Manager:
         backoff: Backoff | None = None,
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
+        max_unfinished_changes: int = DEFAULT_MAX_UNFINISHED,
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
         blocking_executor: Executor | None = None,
@@ -202,6 +203,7 @@ class Manager:
             self._receiver_schema,
             window=seq_window,
             run_off_loop=None if blocking_executor is None else self._blocking,
+            max_unfinished=max_unfinished_changes,
         )
         self._executor = blocking_executor or ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()

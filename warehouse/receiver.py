@@ -15,6 +15,21 @@
   refused (ReceiveError, 422): what is held stays bounded, and a wrapper that numbers wrongly
   hears of it at once. ``status`` tells what a source holds and the seq it waits for.
 
+* Parts: an update larger than one message (``MAX_CHANGES_PER_UPDATE`` changes) arrives as
+  parts of one seq (``Update.part``), each alone in its batch, in order from part 0. They are
+  checked as they arrive and assembled in memory; the update is logged, acknowledged and
+  released only with its last part, so no view ever sees a state between two of its rows.
+  Parts are not durable: a manager that restarts forgets them, refuses the next part as out
+  of order (PartRefused, 409), and the wrapper resends from part 0 (the acknowledgment of a
+  part names how many the manager holds, ``Ack.parts``, so a wrapper also notices a manager
+  that forgot). The wrapper's shipping position moves only on acknowledgment, and that only
+  comes once the whole update is logged: nothing is lost, and a seq is logged once. Part 0
+  always starts the update afresh (a wrapper that restarted resends from it), and part 0 of a
+  seq already received is acknowledged and ignored like a resent update. What a source holds
+  unfinished is bounded (``max_unfinished`` changes; 413, PartsTooLarge, and the parts are
+  dropped). A part of another seq, a txid other than part 0's, or a part of a seq already
+  complete (other than part 0) is refused.
+
 Released updates go to ``release``, which hands them to every view that reads the source
 (the paper's AssignTimeStamp appending to the UMQ). The acknowledgment names the highest
 seq through which everything is released; the wrapper keeps resending from there.
@@ -33,11 +48,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.schemas import Ack, Update
+from contract.schemas import Ack, Update, UpdatePart
 from contract.value_fit import Family, unfit_reason
 from warehouse.catalog.db import Catalog, CatalogCall, LogEntry, NewUpdate, SeqConflict, content_digest
 
 DEFAULT_SEQ_WINDOW = 100_000
+DEFAULT_MAX_UNFINISHED = 1_000_000
+"""The most changes one source may hold in parts of an update not complete yet (in memory)."""
 RELEASE_CHUNK = 1_000  # held updates read back from the log at once
 _RECEIVING = ThreadPoolExecutor(1, thread_name_prefix="pvm-receive")  # never the pool other work shares
 
@@ -48,7 +65,22 @@ def _on_receiving_thread(function: Callable[..., Any], *args: Any) -> Awaitable[
 
 class ReceiveError(ValueError):
     """An update the manager cannot accept: unknown source, relation or column, a value that
-    does not fit its column, a seq too far ahead."""
+    does not fit its column, a seq too far ahead, parts that do not make one update."""
+
+    status = 422
+
+
+class PartRefused(ReceiveError):
+    """A part that does not continue what the manager holds of its source: out of order, of
+    another seq, or of a seq already complete. The wrapper resends the update from part 0."""
+
+    status = 409
+
+
+class PartsTooLarge(ReceiveError):
+    """Parts of one update holding more changes than a source may keep unfinished."""
+
+    status = 413
 
 
 @dataclass(frozen=True)
@@ -70,6 +102,18 @@ class PlainUpdate:
     changes: list[dict[str, Any]]
     txid: str | None = None
     captured_at: float | None = None
+    part: UpdatePart | None = None
+
+
+@dataclass
+class Assembly:
+    """The parts received so far of one update: checked, plain changes in part order."""
+
+    seq: int
+    txid: str | None
+    captured_at: float | None
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    parts: int = 0
 
 
 @dataclass
@@ -77,6 +121,8 @@ class SourceCursor:
     released_through: int = 0
     held: dict[int, int] = field(default_factory=dict)  # seq -> log id, above a gap
     releasing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one release in seq order at a time
+    assembly: Assembly | None = None  # the update whose parts are arriving
+    assembling: asyncio.Lock = field(default_factory=asyncio.Lock)  # one part at a time
 
 
 @dataclass(frozen=True)
@@ -88,6 +134,7 @@ class SourceStatus:
     held: int
     waiting_for: int | None
     held_through: int | None
+    unfinished: tuple[int, int, int] | None = None  # (seq, parts, changes) of an update whose parts arrive
 
 
 class Receiver:
@@ -98,8 +145,10 @@ class Receiver:
         relations: Callable[[str, int], Mapping[str, RelationShape] | None],
         window: int = DEFAULT_SEQ_WINDOW,
         run_off_loop: Callable[..., Awaitable[Any]] | None = None,
+        max_unfinished: int = DEFAULT_MAX_UNFINISHED,
     ) -> None:
         self._db = db
+        self.max_unfinished = max_unfinished
         self._release = release
         # (source, seq) -> {relation: its shape, with the columns a view needs from that seq on};
         # None: unknown source
@@ -125,9 +174,13 @@ class Receiver:
 
     def status(self, source: str) -> SourceStatus:
         cursor = self._cursors.get(source, SourceCursor())
-        held = cursor.held
+        held, parts = cursor.held, cursor.assembly
         return SourceStatus(
-            cursor.released_through, len(held), cursor.released_through + 1 if held else None, max(held, default=None)
+            cursor.released_through,
+            len(held),
+            cursor.released_through + 1 if held else None,
+            max(held, default=None),
+            None if parts is None else (parts.seq, parts.parts, len(parts.changes)),
         )
 
     def forget(self, source: str) -> None:
@@ -204,16 +257,95 @@ class Receiver:
 
     async def receive(self, source: str, updates: Sequence[Update | PlainUpdate]) -> Ack:
         """Store and release ``updates`` of ``source`` (wire models, or the plain data of a
-        large body); the acknowledgment."""
+        large body); the acknowledgment. A part of an update travels alone in its batch."""
+        if any(u.part is not None for u in updates):
+            if len(updates) != 1:
+                raise ReceiveError(
+                    f"source {source!r}: a batch carrying a part of an update carries nothing else "
+                    f"(got {len(updates)} updates)"
+                )
+            return await self._receive_part(source, updates[0])
         schemas = self._schemas(source, updates)
         cursor = self._cursors.setdefault(source, SourceCursor())
         self._check_window(source, cursor, updates)
         prepared = await self._off_loop(self._prepare, source, updates, schemas)
+        return await self._store(source, cursor, prepared)
+
+    async def _store(self, source: str, cursor: SourceCursor, prepared: list[NewUpdate]) -> Ack:
+        """Log ``prepared`` and release what follows the released updates without a gap."""
         stored = {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)} if prepared else {}
         async with cursor.releasing:
             await self._release_ready(cursor, stored)
             cursor.held.update((seq, e.id) for seq, e in stored.items() if seq > cursor.released_through)
         return Ack(through=cursor.released_through, held=sorted(cursor.held))
+
+    async def _receive_part(self, source: str, update: Update | PlainUpdate) -> Ack:
+        """Add one part to the update it belongs to; with its last part, log the whole
+        update as one seq and release it (see the module's docstring)."""
+        part = update.part
+        assert part is not None
+        schemas = self._schemas(source, [update])
+        cursor = self._cursors.setdefault(source, SourceCursor())
+        async with cursor.assembling:
+            seq, named = update.seq, f"part {part.index} of update seq {update.seq} of source {source!r}"
+            if seq <= cursor.released_through or seq in cursor.held:
+                if part.index == 0:  # a resend from the start: acknowledged again and ignored
+                    if cursor.assembly is not None and cursor.assembly.seq == seq:
+                        cursor.assembly = None
+                    return Ack(through=cursor.released_through, held=sorted(cursor.held))
+                raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
+            self._check_window(source, cursor, [update])
+            assembly = cursor.assembly if part.index > 0 else None  # part 0 starts the update afresh
+            if part.index > 0:
+                if assembly is None or assembly.seq != seq:
+                    holding = "no part of it" if assembly is None else f"parts of seq {assembly.seq} instead"
+                    raise PartRefused(f"{named} is out of order: the manager holds {holding}; send part 0 first")
+                if assembly.parts != part.index:
+                    raise PartRefused(
+                        f"{named} is out of order: the manager holds parts 0-{assembly.parts - 1}, "
+                        f"the next is part {assembly.parts}"
+                    )
+                if assembly.txid != update.txid:
+                    raise ReceiveError(
+                        f"{named} carries txid {update.txid!r}, its part 0 carried {assembly.txid!r}: "
+                        "the parts of one update carry one txid"
+                    )
+            unfinished = (0 if assembly is None else len(assembly.changes)) + len(update.changes)
+            if unfinished > self.max_unfinished:
+                cursor.assembly = None  # it can never complete: its memory goes now
+                raise PartsTooLarge(
+                    f"{named}: its parts so far hold {unfinished} changes, more than the {self.max_unfinished} "
+                    "a source may hold in an unfinished update; the parts received are dropped"
+                )
+            changes = await self._off_loop(self._prepare_part, source, update, schemas[seq])
+            if assembly is None:
+                assembly = Assembly(seq, update.txid, update.captured_at)
+            assembly.changes.extend(changes)
+            assembly.parts += 1
+            if not part.last:
+                cursor.assembly = assembly
+                return Ack(through=cursor.released_through, held=sorted(cursor.held), parts=assembly.parts)
+            cursor.assembly = None
+            whole = NewUpdate(
+                seq,
+                assembly.changes,
+                assembly.txid,
+                assembly.captured_at,
+                await self._off_loop(content_digest, assembly.changes),
+            )
+            return await self._store(source, cursor, [whole])
+
+    def _prepare_part(
+        self, source: str, update: Update | PlainUpdate, relations: Mapping[str, RelationShape]
+    ) -> list[dict[str, Any]]:
+        """One part's changes checked against ``relations``, as plain data. Blocking."""
+        plain = (
+            update
+            if isinstance(update, PlainUpdate)
+            else PlainUpdate(update.seq, [c.model_dump() for c in update.changes], update.txid, update.captured_at)
+        )
+        self._validate(source, plain, relations)
+        return plain.changes
 
     async def _release_ready(self, cursor: SourceCursor, stored: dict[int, LogEntry]) -> None:
         """Release, in seq order, the updates that follow the released ones without a gap: those

@@ -35,9 +35,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import Field
+
 from contract.file_modes import PRIVATE
 from contract.schemas import Change, Interest, Update
 from wrappers.errors import WrapperError
+
+
+class StoredUpdate(Update):
+    """A pending update as the state keeps it: one source transaction (or several) of any
+    size, one seq; the shipper sends one larger than a message in parts (``wrappers.shipper``)."""
+
+    changes: list[Change] = Field()
+
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 """Source names become file names and appear in every UpdateBatch."""
@@ -100,7 +110,7 @@ class WrapperState:
             seq = None
             if changes:
                 seq = self.last_seq + 1
-                update = Update(seq=seq, changes=changes, txid=txid, captured_at=time.time())
+                update = StoredUpdate(seq=seq, changes=changes, txid=txid, captured_at=time.time())
                 self._db.execute(
                     "INSERT INTO pending VALUES (?, ?, ?, ?)",
                     (seq, update.model_dump_json(), self.captured_through, outbox_through),
@@ -118,16 +128,15 @@ class WrapperState:
     def record_log(self, updates: Sequence[tuple[list[Change], int, str | None]], through: int) -> list[int]:
         """Log capture: make each ``(changes, position, txid)`` with changes the next update
         (``position``: where the log is handled through once it is captured), and mark the
-        log handled through ``through``; all in one transaction, so that a source
-        transaction cut into several updates is recorded whole or not at all. Returns
-        the seqs assigned."""
+        log handled through ``through``; all in one transaction, so that the updates and the
+        position move together. Returns the seqs assigned."""
         seqs: list[int] = []
         with self._mutex, self._transaction():
             last_seq, captured = self.last_seq, self.captured_through
             for changes, position, txid in updates:
                 if changes:
                     last_seq += 1
-                    update = Update(seq=last_seq, changes=changes, txid=txid, captured_at=time.time())
+                    update = StoredUpdate(seq=last_seq, changes=changes, txid=txid, captured_at=time.time())
                     self._db.execute(
                         "INSERT INTO pending VALUES (?, ?, ?, ?)",
                         (last_seq, update.model_dump_json(), captured, position),
@@ -163,7 +172,7 @@ class WrapperState:
         """The oldest ``limit`` unacknowledged updates, in seq order."""
         with self._mutex:
             rows = self._db.execute("SELECT payload FROM pending ORDER BY seq LIMIT ?", (limit,)).fetchall()
-        return [Update.model_validate_json(payload) for (payload,) in rows]
+        return [StoredUpdate.model_validate_json(payload) for (payload,) in rows]
 
     @property
     def has_pending(self) -> bool:
@@ -194,7 +203,10 @@ class WrapperState:
             return self.captured_through if oldest is None else int(oldest)
 
     def close(self) -> None:
-        self._db.close()
+        """Close the state once no write is under way: a task cancelled while its write runs on
+        a thread (``Wrapper.stop``) leaves the write running, and closing SQLite under it crashes."""
+        with self._mutex:
+            self._db.close()
         self._lock_file.close()
 
     # -- helpers --------------------------------------------------------------------------

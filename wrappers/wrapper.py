@@ -33,6 +33,7 @@ update like any committed source transaction.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -61,7 +62,7 @@ from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.replica import RowChange
-from wrappers.shipper import Shipper
+from wrappers.shipper import Shipper, fits_one_message
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
 
@@ -70,7 +71,8 @@ log = logging.getLogger(__name__)
 BLOCKED_AFTER_ATTEMPTS = 3
 """Failed steps in a row after which health reports a loop as blocked (one may be a lock)."""
 
-# An outbox row yields at most two changes (an UPDATE), so this many rows fit one Update.
+# An outbox row yields at most two changes (an UPDATE): consecutive transactions are merged
+# into one update while it stays within this many rows (one message); a transaction is never split.
 _ROWS_PER_UPDATE = MAX_CHANGES_PER_UPDATE // 2
 
 SNAPSHOT_RACE_SECONDS = 10.0
@@ -249,7 +251,7 @@ class Wrapper:
         rows = self._dialect.read_outbox(conn, self.state.captured_through if self._ordered else 0)
         if not self._ordered:
             rows = [r for r in rows if not self.state.is_captured(r.id)]
-        for chunk in _chunks(rows, self.config.source):
+        for chunk in _transactions_merged(rows):
             ids = () if self._ordered else [r.id for r in chunk]
             txids = {r.txid for r in chunk}
             txid = txids.pop() if len(txids) == 1 else None
@@ -267,12 +269,11 @@ class Wrapper:
 
     def _capture_log(self, conn: sa.Connection, *, exact: bool) -> None:
         """Log capture: turn the transactions read from the log into updates (consecutive
-        ones merged, one larger than an update cut), recorded with the log position."""
+        ones merged, a transaction never split), recorded with the log position."""
         assert self._log is not None
         read = self._log.read(conn, self.state.captured_through, exact=exact)
         entries = [
-            (self._filter.changes(rows, self._fit), end, txid)
-            for rows, end, txid in _log_updates(read.transactions, self.config.source)
+            (self._filter.changes(rows, self._fit), end, txid) for rows, end, txid in _log_updates(read.transactions)
         ]
         now = time.monotonic()
         if not entries and (
@@ -298,8 +299,13 @@ class Wrapper:
         while self.state.has_pending and (
             batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
         ):
-            through = await self._shipper.send(batch, self.state.last_seq)
-            self._shipped_through = max(self._shipped_through, batch[-1].seq)
+            whole = list(itertools.takewhile(fits_one_message, batch))
+            if whole:
+                through = await self._shipper.send(whole, self.state.last_seq)
+            else:  # one update larger than a message: in parts, acknowledged once it is whole
+                whole = batch[:1]
+                through = await self._shipper.send_parts(whole[0], self.state.last_seq)
+            self._shipped_through = max(self._shipped_through, whole[-1].seq)
             await asyncio.to_thread(self.state.ack, through)
 
     def _delete_acknowledged(self) -> None:
@@ -453,48 +459,30 @@ class LoopFailure:
     error: str = ""
 
 
-def _chunks(rows: list[OutboxRow], source: str) -> Iterator[list[OutboxRow]]:
-    """``rows`` as one chunk, unless they exceed what one Update may carry.
-
-    That only happens after a long outage. Rows come grouped by source transaction where the
-    dialect knows transactions (``txid``), and cuts fall between transactions then; a single
-    transaction larger than an update, or rows without a txid, may be cut, so the manager can
-    briefly see a state between two rows of one transaction. It is logged.
-    """
-    if len(rows) <= _ROWS_PER_UPDATE:
+def _transactions_merged(rows: list[OutboxRow]) -> Iterator[list[OutboxRow]]:
+    """``rows`` (one read, grouped by transaction) as updates: consecutive transactions merged
+    while an update stays within ``_ROWS_PER_UPDATE`` rows, a transaction never split (one
+    larger than that is an update of its own, shipped in parts: ``wrappers.shipper``). Rows
+    without a txid (SQLite, MariaDB) cannot be told apart by transaction: they are one update."""
+    if len(rows) <= _ROWS_PER_UPDATE or any(row.txid is None for row in rows):
         if rows:
             yield rows
         return
-    log.warning("%s: %d captured rows exceed one update; shipping them as several", source, len(rows))
     chunk: list[OutboxRow] = []
-    for i, row in enumerate(rows):
-        chunk.append(row)
-        next_txid = rows[i + 1].txid if i + 1 < len(rows) else None
-        ends_transaction = row.txid is None or row.txid != next_txid
-        if len(chunk) == _ROWS_PER_UPDATE or (ends_transaction and len(chunk) + _run(rows, i + 1) > _ROWS_PER_UPDATE):
+    for _, group in itertools.groupby(rows, key=lambda row: row.txid):
+        transaction = list(group)
+        if chunk and len(chunk) + len(transaction) > _ROWS_PER_UPDATE:
             yield chunk
             chunk = []
+        chunk.extend(transaction)
     if chunk:
         yield chunk
 
 
-def _run(rows: list[OutboxRow], start: int) -> int:
-    """How many rows from ``start`` on belong to the same transaction (1 without a txid)."""
-    if start >= len(rows):
-        return 0
-    txid = rows[start].txid
-    if txid is None:
-        return 1
-    n = 1
-    while start + n < len(rows) and rows[start + n].txid == txid:
-        n += 1
-    return n
-
-
-def _log_updates(transactions: list[LogTransaction], source: str) -> Iterator[tuple[list[OutboxRow], int, str | None]]:
+def _log_updates(transactions: list[LogTransaction]) -> Iterator[tuple[list[OutboxRow], int, str | None]]:
     """Consecutive transactions merged into updates of at most ``_ROWS_PER_UPDATE`` rows, as
-    ``(rows, log position after them, txid if exactly one transaction)``. A transaction
-    larger than that is cut (logged); its parts are recorded together (``record_log``)."""
+    ``(rows, log position after them, txid if exactly one transaction)``; a transaction is
+    never split (one larger than that is an update of its own, shipped in parts)."""
     rows: list[OutboxRow] = []
     xids: list[str] = []
     end = 0
@@ -502,22 +490,6 @@ def _log_updates(transactions: list[LogTransaction], source: str) -> Iterator[tu
         if rows and len(rows) + len(transaction.rows) > _ROWS_PER_UPDATE:
             yield rows, end, xids[0] if len(xids) == 1 else None
             rows, xids = [], []
-        if len(transaction.rows) > _ROWS_PER_UPDATE:
-            log.warning(
-                "%s: transaction %s has %d rows, more than one update holds; shipping it as several",
-                source,
-                transaction.xid,
-                len(transaction.rows),
-            )
-            for start in range(0, len(transaction.rows), _ROWS_PER_UPDATE):
-                last = start + _ROWS_PER_UPDATE >= len(transaction.rows)
-                # Only the last part moves the position: the log is released once all parts are acknowledged.
-                yield (
-                    list(transaction.rows[start : start + _ROWS_PER_UPDATE]),
-                    transaction.end if last else 0,
-                    transaction.xid,
-                )
-            continue
         rows.extend(transaction.rows)
         xids.append(transaction.xid)
         end = transaction.end

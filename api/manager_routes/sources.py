@@ -8,6 +8,7 @@ from api.auth import Principal
 from api.manager_models import (
     SourceIn,
     SourceOut,
+    UnfinishedUpdate,
     WrapperHealth,
 )
 from api.manager_routes.error_docs import AUTH, errors
@@ -34,6 +35,11 @@ def router_for(manager: Manager) -> APIRouter:
             held=received.held,
             waiting_for_seq=received.waiting_for,
             held_through=received.held_through,
+            unfinished=None
+            if received.unfinished is None
+            else UnfinishedUpdate(
+                seq=received.unfinished[0], parts=received.unfinished[1], changes=received.unfinished[2]
+            ),
         )
         if health:
             out.health = await _wrapper_health(manager, name)

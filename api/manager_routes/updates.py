@@ -18,12 +18,16 @@ def router_for(manager: Manager) -> APIRouter:
     @router.post(
         "/v1/updates",
         response_model=Ack,
+        response_model_exclude_none=True,  # `parts` only in the answer to a part
         summary="Ship updates of a source",
         description="A wrapper ships committed updates of its source, numbered seq 1, 2, 3, … without gaps. "
         "The answer acknowledges everything durable through `through`; updates above a gap are stored and "
         "listed in `held`. Resending is safe; resending a seq with other content than was received is refused "
         "(409 naming the seq), and so is a seq more than the manager's window (100,000 by default) beyond "
-        "`through` (422). Needs the wrapper token of `source` (or an admin token).",
+        "`through` (422). An update larger than one message travels in parts of its one seq (`part`: "
+        "`{index, last}`, each alone in its batch, in order); it is logged and released whole with its last part, "
+        "and the answer to an earlier part counts the parts held (`parts`); a part out of order or of a complete "
+        "seq is 409, too many changes held unfinished 413. Needs the wrapper token of `source` (or an admin token).",
         responses={
             200: {"content": {"application/json": {"example": {"through": 42, "held": []}}}},
             **errors(400, *AUTH, 409, 413, 422),

@@ -10,8 +10,8 @@ source, ``information_schema.INNODB_TRX``, is a cache refreshed at most every 10
 trigger reading it sees a previous transaction's id or none at all (and pays ~25 % of a
 small write for it); a session variable cannot tell where one transaction ends. So outbox
 rows carry no transaction id here. Updates still hold whole transactions: a snapshot read
-only ever shows whole committed transactions, and all rows of one read form one update
-(only a backlog above one update's size limit is cut, wherever, and logged).
+only ever shows whole committed transactions, and all rows of one read form one update,
+however large (one larger than a message is shipped in parts of one seq: ``wrappers.shipper``).
 ``TRUNCATE`` fires no triggers in MariaDB: truncating a captured table is not captured.
 
 AUTO_INCREMENT ids are not commit order (``OUTBOX_IDS_IN_COMMIT_ORDER = False``), see
