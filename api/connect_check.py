@@ -45,7 +45,8 @@ api.connect_check.Refused: unknown view 'pvm_consistent.__pvm_state': analysts m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import itertools
+from collections.abc import Callable, Collection, Iterator
 
 import sqlglot
 from google.protobuf.descriptor import FieldDescriptor
@@ -245,6 +246,81 @@ def check_plan(plan: Message, views: Collection[str]) -> None:
 
 def check_execute(request: base_pb2.ExecutePlanRequest, views: Collection[str]) -> None:
     check_plan(request.plan, views)
+    check_one_cut(request.plan)
+
+
+# Relations Spark Connect's server builds without analyzing their inputs on their own: reads
+# under them are resolved by the analysis of whatever encloses them. Every other relation
+# (``withColumn``, ``groupBy(…).agg``, ``drop``, ``na``, ``sample``, statistics, SQL, and, to
+# be safe, ``select``) is taken to analyze its input in an analysis of its own
+# (``SparkConnectPlanner``).
+_ONE_ANALYSIS = frozenset(
+    [
+        "read",
+        "filter",
+        "join",
+        "set_op",
+        "sort",
+        "limit",
+        "offset",
+        "tail",
+        "subquery_alias",
+        "repartition",
+        "repartition_by_expression",
+        "deduplicate",
+        "to_df",
+        "range",
+        "local_relation",
+    ]
+)
+
+
+def check_one_cut(plan: Message) -> None:
+    """Refused when ``plan`` reads ``pvm_consistent`` views in parts the server analyzes
+    separately: each analysis resolves the consistent state once, so parts analyzed apart
+    could read two cuts (docs/protocol.md, 'Consistent reads across views').
+
+    >>> from pyspark.sql.connect.proto import base_pb2
+    >>> plan = base_pb2.Plan()
+    >>> join = plan.root.join
+    >>> join.left.read.named_table.unparsed_identifier = "pvm_consistent.a"
+    >>> join.right.read.named_table.unparsed_identifier = "pvm_consistent.b"
+    >>> check_one_cut(plan)  # a.join(b): one analysis
+    >>> join.right.with_columns.input.read.named_table.unparsed_identifier = "pvm_consistent.b"
+    >>> check_one_cut(plan)  # a.join(b.withColumn(…)): b in an analysis of its own
+    Traceback (most recent call last):
+    ...
+    api.connect_check.Refused: this request reads views of pvm_consistent in parts Spark Connect analyzes one by one (an operator such as withColumn, select, groupBy or drop applied to one of them before they are joined), which could read them at two cuts: join them first, or read them in one spark.sql statement
+    """
+    units: set[int] = set()
+    _units(plan, 0, units, itertools.count(1))
+    if len(units) > 1:
+        raise Refused(
+            f"this request reads views of {CONSISTENT_DB} in parts Spark Connect analyzes one by one (an operator "
+            "such as withColumn, select, groupBy or drop applied to one of them before they are joined), which could "
+            "read them at two cuts: join them first, or read them in one spark.sql statement"
+        )
+
+
+def _units(message: Message, unit: int, units: set[int], numbers: Iterator[int]) -> None:
+    """Collect in ``units`` the analyses (numbered from ``numbers`` as they start; 0: the
+    request's own) that resolve a ``pvm_consistent`` name in ``message``."""
+    name = message.DESCRIPTOR.full_name
+    if name == _PREFIX + "Relation":
+        kind = message.WhichOneof("rel_type")
+        if kind is not None and kind not in _ONE_ANALYSIS:
+            unit = next(numbers)
+    elif name == _PREFIX + "Read.NamedTable":
+        if message.unparsed_identifier.strip("`").lower().startswith(CONSISTENT_DB):
+            units.add(unit)
+    elif name in (_PREFIX + "SQL", _PREFIX + "SqlCommand"):
+        if CONSISTENT_DB in (message.query if name == _PREFIX + "SQL" else message.sql).lower():
+            units.add(next(numbers))  # a statement is analyzed whole, on its own
+    for field, value in message.ListFields():
+        if field.type != FieldDescriptor.TYPE_MESSAGE or field.message_type.GetOptions().map_entry:
+            continue
+        for item in value if field.is_repeated else [value]:
+            _units(item, unit, units, numbers)
 
 
 def check_analyze(request: base_pb2.AnalyzePlanRequest, views: Collection[str]) -> None:

@@ -66,6 +66,7 @@ async def test_a_query_over_two_views_reads_them_at_one_state(
 CLIENT = r"""
 import json, sys
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 url, view, other = sys.argv[1:4]
 spark = SparkSession.builder.remote(url).getOrCreate()
@@ -87,6 +88,8 @@ out = {
 for name, attempt in {
     "alter": lambda: spark.sql(f"ALTER VIEW pvm_consistent.{view} AS SELECT 1 AS id").collect(),
     "state": lambda: spark.table("pvm_consistent.__pvm_state").collect(),
+    # each side analyzed on its own by the server: refused, it could read two cuts
+    "split": lambda: a.withColumn("x", F.lit(1)).join(b.withColumn("y", F.lit(2)), "id").count(),
     "create": lambda: spark.sql("CREATE VIEW pvm_consistent.mine AS SELECT 1").collect(),
 }.items():
     try:
@@ -149,8 +152,9 @@ async def test_spark_connect_reads_every_view_at_one_cut(
         assert seen["consistent"] == list(before)  # the first read back to the paused one's state
         joined_rows = sum(1 for row in analyst_store.read_rows(view, as_of=cut[view]) if row[1] == 0)
         assert seen["joined"] == seen["dataframe"] == joined_rows
-        for attempt in ("alter", "state", "create"):  # readable, never changed by analysts
+        for attempt in ("alter", "state", "create", "split"):  # readable, never changed by analysts
             assert "PERMISSION_DENIED" in seen[attempt], (attempt, seen[attempt])
+        assert "before they are joined" in seen["split"]
     finally:
         gateway.stop()
         await manager.stop()
