@@ -38,11 +38,14 @@ while a new cut is being shown:
   the query reads, is taken from the query's relation cache (``AnalysisContext``'s, which
   nested views share), so every ``pvm_consistent`` view a query reads resolves the same
   state, one cut. ALTERing one view after another would not do: a query can resolve
-  ``a`` before and ``b`` after the switch.
+  ``a`` before and ``b`` after the switch. One query is one analysis; Spark Connect
+  analyzes the inputs of some operators apart, which the gateway refuses for consistent
+  views (``api/connect_check.py``, ``check_one_cut``).
 
 A view's own ``pvm_consistent.<view>`` changes only when the view joins or leaves the cut
 or its columns change (after the switch: meanwhile a query of that view alone fails to
-resolve and can be asked again).
+resolve and can be asked again). The tables of the cut shown before stay until the next
+switch, for queries that were resolving the state as it switched.
 """
 
 from __future__ import annotations
