@@ -266,7 +266,10 @@ class Manager:
                     moved = self._cut_signature()
                     rounds += 1
                     if moved != shown or rounds >= CUT_REFRESH_ROUNDS:
-                        analysts.show_consistent(self.cut_of_all())
+                        views, released = self._all_seqs()
+                        # the fixpoint may take long over long histories: not on the loop
+                        cut = await asyncio.to_thread(cut_leaving_out, views, released)
+                        analysts.show_consistent(self._pins(cut, skip_gone=True))
                         shown, rounds = moved, 0
                 except Exception:  # a view changing under it: the next round takes it again
                     log.warning("could not take the consistent cut over all views", exc_info=True)
@@ -822,23 +825,19 @@ class Manager:
         names (defined later, its initial load read a source beyond what the others have
         reached; or compacted past what they need), until a cut with it exists. Leaving views
         out only ever raises the others' orders, and any subset of a cut is a cut."""
+        return self._pins(cut_leaving_out(*self._all_seqs()), skip_gone=True)
+
+    def _all_seqs(self) -> tuple[dict[str, ViewSeqs], dict[str, int]]:
+        """Every view that has a state, and the sources' releases: what ``cut_leaving_out``
+        takes (snapshots, taken on the loop)."""
         views: dict[str, ViewSeqs] = {}
         for name in sorted(self.views):
             try:
                 views[name] = self._seqs(name)
             except (Conflict, NotFound):
                 continue
-        while views:
-            try:
-                cut = self._cut(views)
-            except NoConsistentCut as exc:
-                if not set(exc.views) & set(views):
-                    return {}
-                for name in exc.views:
-                    views.pop(name, None)
-                continue
-            return self._pins(cut, skip_gone=True)
-        return {}
+        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
+        return views, released
 
     def _pins(self, cut: Cut, skip_gone: bool) -> dict[str, PinnedView]:
         pins = {}
@@ -947,6 +946,21 @@ class Manager:
 
     async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)
+
+
+def cut_leaving_out(views: Mapping[str, ViewSeqs], released: Mapping[str, int]) -> Cut:
+    """The greatest cut of ``views`` without the views ``NoConsistentCut`` names, left out
+    one round at a time (an empty cut if none is left)."""
+    left = dict(views)
+    while left:
+        try:
+            return consistent_cut(left, released)
+        except NoConsistentCut as exc:
+            if not set(exc.views) & set(left):
+                break
+            for name in exc.views:
+                left.pop(name, None)
+    return Cut({}, {})
 
 
 async def _reported_capture(client: SourceClient, name: str) -> str | None:
