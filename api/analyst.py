@@ -68,9 +68,9 @@ from warehouse.analysts.supervisor import (
     QueryRefused,
     QueryTimedOut,
 )
-from warehouse.errors import Conflict, Refused, Unsupported
+from warehouse.errors import Refused, Unsupported
 from warehouse.manager import Manager
-from warehouse.store.base import BASE_PREFIX, ZLOG_PREFIX, StoreError
+from warehouse.store.base import BASE_PREFIX, CONSISTENT_DB, ZLOG_PREFIX
 
 MAX_QUERY_ROWS = 10_000
 MAX_VIEW_SCANS = 256
@@ -581,17 +581,20 @@ def check_query(sql: str, views: Collection[str]) -> str:
 
 
 def query_views(sql: str, views: Collection[str]) -> list[str]:
-    """The views a checked statement reads (a CTE of the same name in scope hides a view).
+    """The views a checked statement reads as published (a CTE of the same name in scope
+    hides a view; ``pvm_consistent.<view>`` is read at the cut over all views already).
 
     >>> query_views("WITH a AS (SELECT * FROM b) SELECT * FROM a JOIN c ON a.x = c.x", ["a", "b", "C"])
     ['C', 'b']
+    >>> query_views("SELECT * FROM pvm_consistent.a JOIN pvm_consistent.b USING (x)", ["a", "b"])
+    []
     """
     known = {v.lower(): v for v in views}
     tree = _parse_query(sql)
     found = {
         known[table.name.lower()]
         for table in tree.find_all(exp.Table)
-        if table.name.lower() in known and table.name.lower() not in ctes_in_scope(table)
+        if table.name.lower() in known and not consistent_read(table) and table.name.lower() not in ctes_in_scope(table)
     }
     return sorted(found)
 
@@ -606,16 +609,7 @@ async def pinned_views(manager: Manager, analysts: AnalystProcess, sql: str) -> 
     names = await analysts.check(query_views, sql, list(manager.views))
     if len(names) < 2:
         return {}
-    cut = manager.consistent_cut(names)
-    pinned = {}
-    for name in names:
-        try:
-            manager.view_store.check_as_of(name, cut.orders[name])
-            record = manager.view_store.record(name)
-        except StoreError as exc:  # compacted or dropped meanwhile
-            raise Conflict(f"{exc}; ask again", retry_after=1) from exc
-        pinned[name] = PinnedView(record=record.to_record(), as_of=cut.orders[name])
-    return pinned
+    return manager.pinned(names)
 
 
 def view_scans(tree: exp.Expr) -> int:
@@ -777,8 +771,15 @@ def _check_table(table: exp.Table, views: dict[str, str], defined: set[str]) -> 
     if not isinstance(table.this, exp.Identifier):
         raise QueryRejected(f"{table.this.sql(dialect='spark')} in FROM is not allowed: name a view")
     written = table.sql(dialect="spark")
+    if consistent_read(table):
+        if table.name.lower() in views:
+            return
+        shown = ", ".join(sorted(views.values())) or "none yet"
+        raise QueryRejected(f"unknown view {written!r}: {CONSISTENT_DB}. names a view ({shown})")
     if table.args.get("db") or table.args.get("catalog"):
-        raise QueryRejected(f"{written}: qualified names and file paths are not allowed; name a view")
+        raise QueryRejected(
+            f"{written}: qualified names and file paths are not allowed; name a view, or {CONSISTENT_DB}.<view>"
+        )
     extra = sorted(k for k, v in table.args.items() if v and k not in _TABLE_ARGS)
     if extra:
         raise QueryRejected(f"{written}: {', '.join(extra)} not allowed on a table reference")
@@ -788,6 +789,23 @@ def _check_table(table: exp.Table, views: dict[str, str], defined: set[str]) -> 
     shown = ", ".join(sorted(views.values())) or "none yet"
     hint = f" (a CTE named {table.name!r} exists, but it is not in scope here)" if name in defined else ""
     raise QueryRejected(f"unknown view {table.name!r}{hint}: queries may read only views ({shown})")
+
+
+def consistent_read(table: exp.Table) -> bool:
+    """Whether ``table`` is ``pvm_consistent.<name>``: a view read at the consistent cut over
+    all views (docs/protocol.md, 'Consistent reads across views').
+
+    >>> import sqlglot
+    >>> [consistent_read(t) for t in sqlglot.parse_one("SELECT * FROM pvm_consistent.a, b, x.c").find_all(exp.Table)]
+    [True, False, False]
+    """
+    db = table.args.get("db")
+    return (
+        isinstance(db, exp.Identifier)
+        and db.name.lower() == CONSISTENT_DB
+        and not table.args.get("catalog")
+        and isinstance(table.this, exp.Identifier)
+    )
 
 
 def _check_column(column: exp.Column) -> None:

@@ -5,7 +5,8 @@ An analyst reads views; nothing else. Every message of a request's plan is check
 an allow-list of message types, so a kind of request Spark adds later is refused until
 someone allows it here:
 
-* relations: reading a view by name (``spark.table("v")``), SQL that ``check_query`` accepts
+* relations: reading a view by name (``spark.table("v")``, or ``spark.table("pvm_consistent.v")``
+  for the view at the cut over all views), SQL that ``check_query`` accepts
   (and what runs is the SQL it regenerates), and the DataFrame operators over them: project,
   filter, join, aggregate, sort, limit, set operations, sample, statistics, ``show``, … Reading
   files or other data sources, hints, Python or Scala code (UDFs, UDTFs, ``mapInPandas``,
@@ -33,11 +34,19 @@ allowed; ``check_execute`` and ``check_analyze`` rewrite the SQL they check in p
 Traceback (most recent call last):
 ...
 api.connect_check.Refused: reading data sources or files (Read.DataSource) is not allowed: analysts read views
+>>> plan.root.read.named_table.unparsed_identifier = "pvm_consistent.v"  # v at the cut over all views
+>>> check_plan(plan, ["v"])
+>>> plan.root.read.named_table.unparsed_identifier = "pvm_consistent.__pvm_state"
+>>> check_plan(plan, ["v"])
+Traceback (most recent call last):
+...
+api.connect_check.Refused: unknown view 'pvm_consistent.__pvm_state': analysts may read only views (v)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import itertools
+from collections.abc import Callable, Collection, Iterator
 
 import sqlglot
 from google.protobuf.descriptor import FieldDescriptor
@@ -47,6 +56,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from api.analyst import ALLOWED_FUNCTIONS, QueryRejected, check_query
+from warehouse.store.base import CONSISTENT_DB
 
 
 class Refused(Exception):
@@ -236,6 +246,81 @@ def check_plan(plan: Message, views: Collection[str]) -> None:
 
 def check_execute(request: base_pb2.ExecutePlanRequest, views: Collection[str]) -> None:
     check_plan(request.plan, views)
+    check_one_cut(request.plan)
+
+
+# Relations Spark Connect's server builds without analyzing their inputs on their own: reads
+# under them are resolved by the analysis of whatever encloses them. Every other relation
+# (``withColumn``, ``groupBy(…).agg``, ``drop``, ``na``, ``sample``, statistics, SQL, and, to
+# be safe, ``select``) is taken to analyze its input in an analysis of its own
+# (``SparkConnectPlanner``).
+_ONE_ANALYSIS = frozenset(
+    [
+        "read",
+        "filter",
+        "join",
+        "set_op",
+        "sort",
+        "limit",
+        "offset",
+        "tail",
+        "subquery_alias",
+        "repartition",
+        "repartition_by_expression",
+        "deduplicate",
+        "to_df",
+        "range",
+        "local_relation",
+    ]
+)
+
+
+def check_one_cut(plan: Message) -> None:
+    """Refused when ``plan`` reads ``pvm_consistent`` views in parts the server analyzes
+    separately: each analysis resolves the consistent state once, so parts analyzed apart
+    could read two cuts (docs/protocol.md, 'Consistent reads across views').
+
+    >>> from pyspark.sql.connect.proto import base_pb2
+    >>> plan = base_pb2.Plan()
+    >>> join = plan.root.join
+    >>> join.left.read.named_table.unparsed_identifier = "pvm_consistent.a"
+    >>> join.right.read.named_table.unparsed_identifier = "pvm_consistent.b"
+    >>> check_one_cut(plan)  # a.join(b): one analysis
+    >>> join.right.with_columns.input.read.named_table.unparsed_identifier = "pvm_consistent.b"
+    >>> check_one_cut(plan)  # a.join(b.withColumn(…)): b in an analysis of its own
+    Traceback (most recent call last):
+    ...
+    api.connect_check.Refused: this request reads views of pvm_consistent in parts Spark Connect analyzes one by one (an operator such as withColumn, select, groupBy or drop applied to one of them before they are joined), which could read them at two cuts: join them first, or read them in one spark.sql statement
+    """
+    units: set[int] = set()
+    _units(plan, 0, units, itertools.count(1))
+    if len(units) > 1:
+        raise Refused(
+            f"this request reads views of {CONSISTENT_DB} in parts Spark Connect analyzes one by one (an operator "
+            "such as withColumn, select, groupBy or drop applied to one of them before they are joined), which could "
+            "read them at two cuts: join them first, or read them in one spark.sql statement"
+        )
+
+
+def _units(message: Message, unit: int, units: set[int], numbers: Iterator[int]) -> None:
+    """Collect in ``units`` the analyses (numbered from ``numbers`` as they start; 0: the
+    request's own) that resolve a ``pvm_consistent`` name in ``message``."""
+    name = message.DESCRIPTOR.full_name
+    if name == _PREFIX + "Relation":
+        kind = message.WhichOneof("rel_type")
+        if kind is not None and kind not in _ONE_ANALYSIS:
+            unit = next(numbers)
+    elif name == _PREFIX + "Read.NamedTable":
+        if message.unparsed_identifier.strip("`").lower().startswith(CONSISTENT_DB):
+            units.add(unit)
+    elif name in (_PREFIX + "SQL", _PREFIX + "SqlCommand"):
+        if CONSISTENT_DB in (message.query if name == _PREFIX + "SQL" else message.sql).lower():
+            units.add(next(numbers))  # a statement is analyzed whole, on its own
+    for field, value in message.ListFields():
+        if field.type != FieldDescriptor.TYPE_MESSAGE or field.message_type.GetOptions().map_entry:
+            continue
+        for item in value if field.is_repeated else [value]:
+            _units(item, unit, units, numbers)
 
 
 def check_analyze(request: base_pb2.AnalyzePlanRequest, views: Collection[str]) -> None:
@@ -328,7 +413,10 @@ class _Walk:
 
     def _named_table(self, message: Message) -> None:
         name = message.unparsed_identifier
-        if name.strip("`").lower() not in self.lowered:
+        parts = [part.strip("`").lower() for part in name.split(".")]
+        if len(parts) == 2 and parts[0] == CONSISTENT_DB and parts[1] in self.lowered:
+            pass  # spark.table("pvm_consistent.v"): the view at the cut over all views
+        elif name.strip("`").lower() not in self.lowered:
             shown = ", ".join(sorted(self.views)) or "none yet"
             raise Refused(f"unknown view {name!r}: analysts may read only views ({shown})")
         if message.options:

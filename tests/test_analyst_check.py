@@ -26,6 +26,8 @@ ACCEPTED = [
     "SELECT o.*, row_number() OVER (PARTITION BY region ORDER BY qty DESC) AS rk FROM order_details o",
     "SELECT upper(customer), coalesce(qty, 0), CAST(price AS STRING), date_format(current_date(), 'yyyy') FROM ORDER_DETAILS",
     "SELECT * FROM order_details WHERE customer IN (SELECT name FROM customers_v) LIMIT 5",
+    # every view at the cut over all views (docs/protocol.md, 'Consistent reads across views')
+    "SELECT o.customer, c.name FROM pvm_consistent.order_details o JOIN PVM_CONSISTENT.customers_v c ON o.customer = c.name",
 ]
 
 # CTEs used within their scope, as Spark resolves them
@@ -60,6 +62,9 @@ REJECTED = [
     ("SELECT * FROM `/tmp/views/x/zlog/v0`", "unknown view"),
     ("SELECT * FROM csv.`/tmp/x.csv`", "file paths"),
     ("SELECT * FROM global_temp.order_details", "qualified names"),
+    ("SELECT * FROM pvm_consistent.__pvm_state", "unknown view"),
+    ("SELECT * FROM pvm_consistent.some_table", "unknown view"),
+    ("SELECT * FROM spark_catalog.pvm_consistent.order_details", "qualified names"),
     ("SELECT * FROM pvm_zlog_order_details", "unknown view"),
     ("SELECT * FROM pvm_base_order_details", "unknown view"),
     ("SELECT * FROM some_table", "unknown view"),

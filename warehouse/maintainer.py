@@ -462,11 +462,17 @@ class ViewMaintainer:
             self._published = watermark
 
     # -- consistent cuts ------------------------------------------------------------------------
+    @property
+    def has_state(self) -> bool:
+        """Whether ``seqs`` can answer: not while the initial load runs or the queue is read
+        back from the update log."""
+        return self.initial_order is None and not self._resuming.locked()
+
     def seqs(self, readable_from: int = 0) -> ViewSeqs | None:
         """What the view's states show of its sources (``warehouse.consistent_cut``); None
         while it has no state to show (the initial load runs) or its queue is being read
         back from the update log (what it has queued is not known until then)."""
-        if self.initial_order is not None or self._resuming.locked():
+        if not self.has_state:
             return None
         return self.history.seqs(self.protocol.watermark, self.protocol.first_queued(), readable_from)
 

@@ -27,6 +27,7 @@ from contract.value_fit import Family, view_family
 from contract.zset import ZSet, row_order
 from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
+from warehouse.analysts.messages import PinnedView
 from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, UnitInfo, ViewInfo
 from warehouse.consistent_cut import Cut, NoConsistentCut, Span, ViewSeqs, consistent_cut
@@ -90,6 +91,7 @@ def lag_seconds(protocol: ViewProtocol, now: float | None = None) -> float:
 
 STALL_AFTER_S = 60.0
 CUT_RETRY_AFTER_S = 1  # what a reader hears when views have no state in common yet
+CUT_REFRESH_ROUNDS = 20  # the cut over all views is taken anew at least every so many rounds
 LOG_IDS_PER_READ = 900  # an IN list within every SQLite's limit on bound parameters
 
 
@@ -248,7 +250,49 @@ class Manager:
         # updates to this very manager, which only answers once start() has returned.
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
         self._background.add(asyncio.create_task(self._watch_sources(), name="watch-sources"))
+        self._background.add(asyncio.create_task(self._show_cuts(), name="show-cuts"))
         self.started = True
+
+    async def _show_cuts(self) -> None:
+        """Hand the analysts' query process the greatest consistent cut over every view that
+        has one (``cut_of_all``), for its consistent views (docs/protocol.md, 'Consistent
+        reads across views'): taken on the loop, where the views' maintenance state changes,
+        whenever a view's W or store record moved, at most every ``cut_interval_s``."""
+        shown: object = None
+        rounds = 0
+        while True:
+            analysts = self.analysts
+            interval = 0.5 if analysts is None else analysts.settings.cut_interval_s
+            if analysts is not None and self.store is not None and self.view_store.engine == "spark":
+                try:
+                    moved = self._cut_signature()
+                    rounds += 1
+                    if moved != shown or rounds >= CUT_REFRESH_ROUNDS:
+                        began = time.monotonic()
+                        views, released = self._all_seqs()
+                        # the fixpoint may take long over long histories: not on the loop
+                        cut = await asyncio.to_thread(cut_leaving_out, views, released)
+                        analysts.show_consistent(self._pins(cut, skip_gone=True))
+                        shown, rounds = moved, 0
+                        # it holds the interpreter meanwhile: never more than a fifth of the time
+                        interval = max(interval, 4 * (time.monotonic() - began))
+                except Exception:  # a view changing under it: the next round takes it again
+                    log.warning("could not take the consistent cut over all views", exc_info=True)
+            await asyncio.sleep(interval)
+
+    def _cut_signature(self) -> tuple[tuple[str, int, Any], ...]:
+        """What moves the cut over all views: a view's W, its store record (versions, W),
+        whether it has a state. Queues and releases move it too, but only as some W moves
+        (a view is held back by another's queued units, which leave the queue as that
+        view's W moves); ``CUT_REFRESH_ROUNDS`` takes it anew now and then regardless."""
+        signature = []
+        for name, handle in sorted(self.views.items()):
+            try:
+                record: Any = self.view_store.record(name)
+            except StoreError:
+                record = None
+            signature.append((name, handle.maintainer.protocol.watermark, (record, handle.maintainer.has_state)))
+        return tuple(signature)
 
     async def _watch_sources(self) -> None:
         """Ask every source's wrapper for its health every ``source_watch_s``: a capture that
@@ -772,12 +816,58 @@ class Manager:
         """An order per view of ``names`` at which they all show one state of their sources,
         the latest there is (``warehouse.consistent_cut``): read each view as of its order.
         Conflict (retryable) while a view has no state yet, or none in common with the others."""
-        views = {name: self._seqs(name) for name in dict.fromkeys(names)}
-        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
         try:
-            return consistent_cut(views, released)
+            return self._cut({name: self._seqs(name) for name in dict.fromkeys(names)})
         except NoConsistentCut as exc:
             raise Conflict(str(exc), retry_after=CUT_RETRY_AFTER_S) from exc
+
+    def _cut(self, views: Mapping[str, ViewSeqs]) -> Cut:
+        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
+        return consistent_cut(views, released)
+
+    def pinned(self, names: Sequence[str]) -> dict[str, PinnedView]:
+        """Each of ``names`` as of its order in their consistent cut, with the store record
+        whose files hold that state (what the analysts' query process reads it from).
+        Conflict (retryable) while there is no cut, or a view was compacted past its order
+        or dropped meanwhile."""
+        cut = self.consistent_cut(names)
+        try:
+            return self._pins(cut, skip_gone=False)
+        except StoreError as exc:
+            raise Conflict(f"{exc}; ask again", retry_after=CUT_RETRY_AFTER_S) from exc
+
+    def cut_of_all(self) -> dict[str, PinnedView]:
+        """``pinned`` over every view that can be in a cut: a view whose initial load runs or
+        whose queue is being read back is left out, and so is a view ``NoConsistentCut``
+        names (defined later, its initial load read a source beyond what the others have
+        reached; or compacted past what they need), until a cut with it exists. Leaving views
+        out only ever raises the others' orders, and any subset of a cut is a cut."""
+        return self._pins(cut_leaving_out(*self._all_seqs()), skip_gone=True)
+
+    def _all_seqs(self) -> tuple[dict[str, ViewSeqs], dict[str, int]]:
+        """Every view that has a state, and the sources' releases: what ``cut_leaving_out``
+        takes (snapshots, taken on the loop)."""
+        views: dict[str, ViewSeqs] = {}
+        for name in sorted(self.views):
+            try:
+                views[name] = self._seqs(name)
+            except (Conflict, NotFound):
+                continue
+        released = {s: self.receiver.released_through(s) for seqs in views.values() for s in seqs.sources}
+        return views, released
+
+    def _pins(self, cut: Cut, skip_gone: bool) -> dict[str, PinnedView]:
+        pins = {}
+        for name, order in cut.orders.items():
+            try:
+                self.view_store.check_as_of(name, order)
+                record = self.view_store.record(name)
+            except StoreError:
+                if skip_gone:  # the others are still one cut
+                    continue
+                raise
+            pins[name] = PinnedView(record=record.to_record(), as_of=order)
+        return pins
 
     def _seqs(self, name: str) -> ViewSeqs:
         handle = self.view(name)
@@ -873,6 +963,21 @@ class Manager:
 
     async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)
+
+
+def cut_leaving_out(views: Mapping[str, ViewSeqs], released: Mapping[str, int]) -> Cut:
+    """The greatest cut of ``views`` without the views ``NoConsistentCut`` names, left out
+    one round at a time (an empty cut if none is left)."""
+    left = dict(views)
+    while left:
+        try:
+            return consistent_cut(left, released)
+        except NoConsistentCut as exc:
+            if not set(exc.views) & set(left):
+                break
+            for name in exc.views:
+                left.pop(name, None)
+    return Cut({}, {})
 
 
 async def _reported_capture(client: SourceClient, name: str) -> str | None:

@@ -137,6 +137,14 @@ class Engine:
                 self.views.apply(name, None)
         for name, record in published.views.items():
             self.views.apply(name, None if record is None else ViewMeta.from_record(record))
+        if published.consistent is not None:
+            try:
+                self.views.show_consistent(
+                    {name: (ViewMeta.from_record(pin.record), pin.as_of) for name, pin in published.consistent.items()}
+                )
+            except Exception as exc:  # the records above are shown; the consistent views stay at the cut before
+                exit_if_jvm_gone(self.spark)
+                log.error("could not show the consistent cut over all views: %s", spark_message(exc))
 
     def _tagged(self, tag: str, work: Callable[[], T]) -> T:
         """Run ``work`` with its Spark jobs under ``tag``; cancelling the tag interrupts their
@@ -176,18 +184,18 @@ class Engine:
         """A session of its own in which each of ``views`` is a temporary view of its state as
         of its order, read from the files its record names: temporary views hide the catalog
         views of the same name (the published ones), and a CTE still hides both."""
+        from warehouse.store.published import as_of_sql
         from warehouse.store.spark_records import ViewMeta
-        from warehouse.store.spark_rows import RowCodec
-        from warehouse.store.spark_sql import shown_sql
+        from warehouse.store.spark_rows import table_schemas
 
         session = self.spark.newSession()
         for i, (name, pinned) in enumerate(sorted(views.items())):
             meta = ViewMeta.from_record(pinned.record)
-            codec = RowCodec(meta.columns, meta.types)
+            base_schema, zlog_schema = table_schemas(meta.columns, meta.types)
             base, zlog = f"pvm_cut_base_{i}", f"pvm_cut_zlog_{i}"
-            session.read.schema(codec.base_schema).parquet(meta.base_location).createOrReplaceTempView(base)
-            session.read.schema(codec.zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView(zlog)
-            session.sql(shown_sql(base, zlog, meta.columns, meta.summed, pinned.as_of)).createOrReplaceTempView(name)
+            session.read.schema(base_schema).parquet(meta.base_location).createOrReplaceTempView(base)
+            session.read.schema(zlog_schema).parquet(meta.zlog_location).createOrReplaceTempView(zlog)
+            session.sql(as_of_sql(meta, base, zlog, pinned.as_of)).createOrReplaceTempView(name)
         return session
 
     def rows(self, request: RowsRequest) -> RowsResult:

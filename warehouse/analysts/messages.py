@@ -10,19 +10,22 @@ from pydantic import BaseModel, Field
 from contract.schemas import AnyValue
 
 
-class Published(BaseModel):
-    """Store records to show: a view's record (``ViewMeta.to_record()``) or None when the
-    view was dropped. ``reset``: these are all the views; drop any other."""
-
-    views: dict[str, dict[str, Any] | None]
-    reset: bool = False
-
-
 class PinnedView(BaseModel):
     """A view read as of ``as_of`` from the files ``record`` names, not as published."""
 
     record: dict[str, Any]
     as_of: int
+
+
+class Published(BaseModel):
+    """Store records to show: a view's record (``ViewMeta.to_record()``) or None when the
+    view was dropped. ``reset``: these are all the views; drop any other. ``consistent``: a
+    consistent cut over every view that has one, to show in the consistent database in place
+    of the one shown (``PublishedViews.show_consistent``); None: it did not change."""
+
+    views: dict[str, dict[str, Any] | None]
+    reset: bool = False
+    consistent: dict[str, PinnedView] | None = None
 
 
 class QueryRequest(BaseModel):

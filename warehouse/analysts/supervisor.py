@@ -9,7 +9,9 @@ restart it, and hand it analysts' work within limits.
   doubling to 30 s, back to 1 s after a minute of health). ``restarts`` counts them.
 * **Records.** The store's listener (``publish``) only notes the newest record per view; a
   sender thread posts what changed, in order, coalescing bursts. After a restart the whole
-  set goes again.
+  set goes again. So does the newest consistent cut over all views the manager hands over
+  (``show_consistent``, at most every ``cut_interval_s``): the process shows it in the
+  consistent database (``warehouse/store/published.py``).
 * **Limits.** At most ``concurrency`` queries at once, ``per_principal`` per token; more is
   refused at once (``AnalystsBusy``, 429), never queued without bound. A verification's
   recomputation and comparison (``verify``) count as a query.
@@ -184,6 +186,7 @@ class AnalystSettings:
     spark_conf: dict[str, str] = field(default_factory=dict)
     health_interval_s: float = 2.0
     start_timeout_s: float = 180.0
+    cut_interval_s: float = 0.5  # how often, at most, the consistent views move to a newer cut
 
 
 T = TypeVar("T")
@@ -205,6 +208,8 @@ class AnalystProcess:
         self._lock = threading.Lock()
         self._records: dict[str, dict[str, Any]] = {}
         self._pending: dict[str, dict[str, Any] | None] = {}
+        self._cut: dict[str, PinnedView] | None = None  # the newest consistent cut over all views
+        self._cut_pending = False
         self._in_flight = False
         self._send = threading.Condition(self._lock)
         self._admitted: dict[str, int] = {}
@@ -381,8 +386,9 @@ class AnalystProcess:
         """Send a new process every view's record before it takes analysts' work: a query
         must never find a view missing. None once it has them; else why not."""
         with self._send:
-            message = Published(views=dict(self._records), reset=True)
+            message = Published(views=dict(self._records), reset=True, consistent=self._cut)
             self._pending.clear()
+            self._cut_pending = False
             self._in_flight = True
         try:
             delivered = self._post_records(message)
@@ -392,6 +398,7 @@ class AnalystProcess:
                 if not delivered:
                     for view, record in message.views.items():
                         self._pending.setdefault(view, record)
+                    self._cut_pending = self._cut is not None
         return None if delivered else "did not take the views' records"
 
     def _supervise(self) -> str:
@@ -430,16 +437,34 @@ class AnalystProcess:
             self._pending[view] = record
             self._send.notify_all()
 
+    def show_consistent(self, cut: dict[str, PinnedView]) -> None:
+        """Note the newest consistent cut over all views (``Manager.cut_of_all``):
+        sent with the next records, and to every new process."""
+        with self._send:
+            if cut == self._cut:
+                return
+            self._cut = cut
+            self._cut_pending = True
+            self._send.notify_all()
+
+    def cut_orders(self) -> dict[str, int] | None:
+        """The orders of the newest cut noted by ``show_consistent`` (None: none yet)."""
+        with self._send:
+            return None if self._cut is None else {name: pin.as_of for name, pin in self._cut.items()}
+
     def _sender(self) -> None:
         while not self._stopping.is_set():
             with self._send:
-                while not self._stopping.is_set() and not (self.ready and self._pending):
+                while not self._stopping.is_set() and not (self.ready and (self._pending or self._cut_pending)):
                     self._send.wait(timeout=1.0)
                 if self._stopping.is_set():
                     return
-                message = Published(views=dict(self._pending))
+                # records first, then the cut: the cut names its own records, so either order
+                # shows what was sent; one message keeps them together
+                message = Published(views=dict(self._pending), consistent=self._cut if self._cut_pending else None)
                 generation = self.restarts
                 self._pending.clear()
+                self._cut_pending = False
                 self._in_flight = True
             delivered = self._post_records(message)
             with self._send:
@@ -449,6 +474,7 @@ class AnalystProcess:
                 if not delivered and generation == self.restarts:
                     for view, record in message.views.items():
                         self._pending.setdefault(view, record)
+                    self._cut_pending = self._cut_pending or message.consistent is not None
                 self._send.notify_all()
             if not delivered:
                 self._stopping.wait(0.5)
@@ -466,7 +492,7 @@ class AnalystProcess:
     def shown(self) -> bool:
         """Whether every record noted so far has reached the process."""
         with self._send:
-            return self.ready and not self._pending and not self._in_flight
+            return self.ready and not self._pending and not self._cut_pending and not self._in_flight
 
     # -- analysts' work ---------------------------------------------------------------------------
     @contextmanager

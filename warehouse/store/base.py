@@ -19,6 +19,8 @@ from contract.zset import ZSet
 ZLOG_PREFIX = "pvm_zlog_"
 BASE_PREFIX = "pvm_base_"
 VERSIONS_DB = "pvm_store"  # one table per kind and version of each view's files
+CONSISTENT_DB = "pvm_consistent"  # every view at one consistent cut (``warehouse/store/published.py``)
+CONSISTENT_PREFIX = "__pvm"  # the consistent database's own objects: no view is named so
 SUMS = "pvm_sums"  # the relation a ``Summed.select`` reads: an aggregate view's sums per key
 
 

@@ -77,6 +77,10 @@ def start_connect_server(
         conf.set("spark.connect.grpc.binding.address", host)
         conf.set("spark.connect.grpc.binding.port", str(port))
         conf.set("spark.connect.grpc.port.maxRetries", "0")  # the port asked for, or an error
+        # no plans kept across requests: a session's plan cache would hand a DataFrame used
+        # again the plan it was first built with, whose eagerly analyzed parts still read the
+        # consistent views' cut of that time (docs/protocol.md, 'Consistent reads across views')
+        conf.set("spark.connect.session.planCache.maxSize", "0")
         if token:
             conf.set("spark.connect.authenticate.token", token)
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, StoreError
+from warehouse.store.base import BASE_PREFIX, CONSISTENT_PREFIX, VERSIONS_DB, ZLOG_PREFIX, StoreError
 
 __all__ = ["ORDER", "RESERVED_WORDS", "WEIGHT", "check_columns", "check_view_name", "version_table"]
 
@@ -114,7 +114,7 @@ def check_view_name(view: str) -> None:
         raise StoreError(f"view name {view!r} is not an identifier [A-Za-z_][A-Za-z0-9_]*")
     if view.upper() in RESERVED_WORDS:
         raise StoreError(f"view name {view!r} is a reserved Spark SQL keyword")
-    if view.lower().startswith((ZLOG_PREFIX, BASE_PREFIX)):
+    if view.lower().startswith((ZLOG_PREFIX, BASE_PREFIX, CONSISTENT_PREFIX)):
         raise StoreError(f"view name {view!r} collides with the store's own table names")
 
 
