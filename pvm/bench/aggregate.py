@@ -169,6 +169,8 @@ def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, consol
             )
     finally:
         store.drop(view)
+        for temporary in (BODY, ADDED):  # the session may outlive the bench (a test's does)
+            spark.catalog.dropTempView(temporary)
     return _run_figures(n, body_rows, stored, initial, updates)
 
 
