@@ -41,6 +41,9 @@ from tests.capture_support import (
 
 SERVER_FIXTURES = frozenset({"pg_url", "pg_log_url", "maria_url", "postgresql_catalog"})
 SPARK_TESTS = Path(__file__).parent / "spark"
+# Spark tests that start JVMs of their own (a master and a worker) and never use the
+# session's: any worker may run them, beside the session's Spark tests
+OWN_JVMS = frozenset({"test_spark_cluster.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -51,7 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # under pytest-xdist (--dist loadgroup) the Spark tests share one worker: the run
             # starts the session's Spark and analysts' query process once, not once a worker,
             # and the JVM-heavy tests (a cluster, pvm serve) do not run beside one another
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            if Path(item.path).name not in OWN_JVMS:
+                item.add_marker(pytest.mark.xdist_group("spark"))
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
 
