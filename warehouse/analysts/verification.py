@@ -167,36 +167,35 @@ def compare_staged(session: SparkSession, request: VerifyRequest) -> VerifyResul
         return f"SELECT {out}, COUNT(*) AS _w FROM ({shown_sql(base, zlog, meta.columns, meta.summed, as_of)}) GROUP BY {out}"
 
     expected, stored = counted(RECOMPUTED_BASE, RECOMPUTED_ZLOG, 0), counted(STORED_BASE, STORED_ZLOG, request.as_of)
-    diff = (
-        f"SELECT {out}, SUM(_w) AS _w FROM (SELECT {out}, _w FROM ({stored}) UNION ALL "
-        f"SELECT {out}, -_w FROM ({expected})) GROUP BY {out} HAVING SUM(_w) <> 0"
+    # per row, both counts: one pass over each side answers every total
+    both = (
+        f"SELECT {out}, SUM(_s) AS _s, SUM(_e) AS _e FROM (SELECT {out}, _w AS _s, 0L AS _e FROM ({stored}) "
+        f"UNION ALL SELECT {out}, 0L AS _s, _w AS _e FROM ({expected})) GROUP BY {out}"
     )
-    differing = session.sql(diff).cache()  # read three times: totals, missing, extra
-    differing.createOrReplaceTempView("verify_diff")
+    session.sql(both).createOrReplaceTempView("verify_both")
     totals = session.sql(
-        "SELECT COALESCE(SUM(CASE WHEN _w < 0 THEN -_w END), 0) AS missing, "
-        "COALESCE(SUM(CASE WHEN _w > 0 THEN _w END), 0) AS extra FROM verify_diff"
+        "SELECT COALESCE(SUM(_e), 0) AS expected, COALESCE(SUM(CASE WHEN _s > 0 THEN _s END), 0) AS stored, "
+        "COALESCE(SUM(CASE WHEN _s < _e THEN _e - _s END), 0) AS missing, "
+        "COALESCE(SUM(CASE WHEN _s > _e THEN _s - _e END), 0) AS extra FROM verify_both"
     ).collect()[0]
-    expected_rows = session.sql(f"SELECT COALESCE(SUM(_w), 0) FROM ({expected})").collect()[0][0]
-    stored_rows = session.sql(f"SELECT COALESCE(SUM(_w), 0) FROM ({stored}) WHERE _w > 0").collect()[0][0]
 
     def listed(sign: str) -> list[tuple[list[Any], int]]:
+        """The first differing rows of one kind: read again only when there are some."""
         table = session.sql(
-            f"SELECT * FROM verify_diff WHERE _w {sign} 0 LIMIT {int(request.max_differences)}"
+            f"SELECT {out}, _s - _e AS _w FROM verify_both WHERE _s - _e {sign} 0 LIMIT {int(request.max_differences)}"
         ).toArrow()
         rows = sorted(shown.decode_weighted(table), key=lambda x: row_order(x[0]))
         return [(list(r), abs(int(w))) for r, w in rows]
 
     try:
         return VerifyResult(
-            expected_rows=int(expected_rows),
-            stored_rows=int(stored_rows),
-            missing=listed("<"),
-            extra=listed(">"),
+            expected_rows=int(totals["expected"]),
+            stored_rows=int(totals["stored"]),
+            missing=listed("<") if totals["missing"] else [],
+            extra=listed(">") if totals["extra"] else [],
             missing_total=int(totals["missing"]),
             extra_total=int(totals["extra"]),
             notes=[],
         )
     finally:
-        differing.unpersist()
-        session.catalog.dropTempView("verify_diff")
+        session.catalog.dropTempView("verify_both")
