@@ -171,6 +171,10 @@ class ViewCountersOut(BaseModel):
     units_committed: int
     subqueries: int
     compensations: int
+    compensations_from_log: int = Field(
+        description="of the compensations, spilled queued updates read from the update log"
+    )
+    updates_read_back: int = Field(description="spilled queued updates read back into memory as maintenance caught up")
     commit_groups: int
     peak_running: int
     retries: int = Field(description="steps repeated after a transient fault")
@@ -229,6 +233,8 @@ VIEW_EXAMPLE: dict[str, Any] = {
     "stalled": False,
     "no_progress_seconds": 0.12,
     "updates_queued": 3,
+    "updates_spilled": 0,
+    "queued_changes": 3,
     "units_running": 4,
     "units_waiting": 0,
     "units_retained": 1,
@@ -248,6 +254,8 @@ VIEW_EXAMPLE: dict[str, Any] = {
         "units_committed": 318,
         "subqueries": 611,
         "compensations": 57,
+        "compensations_from_log": 0,
+        "updates_read_back": 0,
         "commit_groups": 240,
         "peak_running": 4,
         "retries": 0,
@@ -295,6 +303,14 @@ class ViewOut(BaseModel):
     )
     updates_queued: int = Field(
         description="updates received and in no unit yet (a paused or failed view keeps them in the catalog only)"
+    )
+    updates_spilled: int = Field(
+        default=0,
+        description="of the queued updates, those kept in the update log only: past the view's queue budget "
+        "(`pvm serve --max-queued-changes`), or held by a paused or failed view; read back as maintenance catches up",
+    )
+    queued_changes: int = Field(
+        default=0, description="changes (delta rows) of the queued updates held in memory: what the queue budget bounds"
     )
     units_running: int = Field(description="units in the PPU (its occupancy)")
     units_waiting: int = Field(

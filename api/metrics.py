@@ -92,6 +92,13 @@ class ManagerCollector(Collector):
             ),
             "subqueries": counter("pvm_view_subqueries", "Subqueries sent to the sources' wrappers"),
             "compensations": counter("pvm_view_compensations", "Concurrent updates compensated in subquery answers"),
+            "compensations_from_log": counter(
+                "pvm_view_compensations_from_log",
+                "Of the compensated updates, spilled ones read from the update log",
+            ),
+            "read_back": counter(
+                "pvm_view_updates_read_back", "Spilled queued updates read back into memory from the update log"
+            ),
             "retries": counter(
                 "pvm_view_retries",
                 "Steps repeated after a transient fault (a source unreachable, the store or the catalog failing)",
@@ -106,6 +113,13 @@ class ManagerCollector(Collector):
             "pending": gauge("pvm_view_updates_pending", "Updates queued (UMQ) or being maintained (PPU)"),
             "queued": gauge(
                 "pvm_view_updates_queued", "Updates received and in no unit yet (UMQ, or the log of a held view)"
+            ),
+            "spilled": gauge(
+                "pvm_view_updates_spilled",
+                "Queued updates kept in the update log only (past the queue budget, or held by a paused view)",
+            ),
+            "queued_changes": gauge(
+                "pvm_view_queued_changes", "Changes of the queued updates held in memory (bounded by the queue budget)"
             ),
             "ppu": gauge("pvm_view_ppu_occupancy", "Units being maintained (PPU occupancy)"),
             "ppu_size": gauge("pvm_view_ppu_size", "PPU size p: units maintained at most at once"),
@@ -159,12 +173,16 @@ class ManagerCollector(Collector):
                 ("committed", c.units_committed),
                 ("subqueries", c.subqueries),
                 ("compensations", c.compensations),
+                ("compensations_from_log", c.compensations_from_log),
+                ("read_back", c.updates_read_back),
                 ("retries", c.retries),
                 ("retrying", len(maintainer.retrying)),
                 ("stalled", 1.0 if m.stalled(handle) else 0.0),
                 ("no_progress", maintainer.seconds_without_progress()),
                 ("pending", progress["updates_pending"]),
                 ("queued", where.queued),
+                ("spilled", where.spilled),
+                ("queued_changes", where.queued_changes),
                 ("ppu", where.running),
                 ("ppu_size", protocol.parallelism),
                 ("retained", where.retained),

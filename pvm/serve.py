@@ -35,6 +35,8 @@ log = logging.getLogger("pvm.serve")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from warehouse.protocol import DEFAULT_QUEUE_BUDGET
+
     config_file.add_to(parser)
     parser.add_argument(
         "--data-dir",
@@ -153,6 +155,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1_000_000,
         metavar="N",
         help="the most changes a source may hold in the parts of an update not complete yet, in memory (default: 1000000)",
+    )
+    parser.add_argument(
+        "--max-queued-changes",
+        type=int,
+        default=DEFAULT_QUEUE_BUDGET,
+        metavar="N",
+        help="the most changes a view's queue of updates not yet maintained holds in memory; past it the queue's tail "
+        f"stays in the update log and is read back as maintenance catches up (default: {DEFAULT_QUEUE_BUDGET})",
     )
     parser.add_argument(
         "--max-verifications",
@@ -393,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
             catalog_key_file=key_file,
             seq_window=args.seq_window,
             max_unfinished_changes=args.max_unfinished_changes,
+            max_queued_changes=args.max_queued_changes,
             max_verifications=args.max_verifications,
             change_log_warning_bytes=args.change_log_warning_mb << 20,
         )
@@ -494,6 +505,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--seq-window must be at least 1")
     if args.max_unfinished_changes < 1:
         raise CliError("--max-unfinished-changes must be at least 1")
+    if args.max_queued_changes < 1:
+        raise CliError("--max-queued-changes must be at least 1")
     if args.max_verifications < 1:
         raise CliError("--max-verifications must be at least 1")
     if args.change_log_warning_mb < 1:

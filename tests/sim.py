@@ -155,6 +155,14 @@ class WithoutCompensation(ViewProtocol):
         return []
 
 
+class WithoutSpilledCompensation(ViewProtocol):
+    """PVM broken on purpose: answers never subtract the queued updates spilled to the
+    update log (those past the queue budget), only those in memory."""
+
+    def spilled_range(self, source: str, watermark: int) -> None:
+        return None
+
+
 class WithoutChainRule(ViewProtocol):
     """PVM broken on purpose: a unit's own deltas are never subtracted from its answers, so
     for a unit changing positions j < k (a self-join's two aliases) both terms see the other's

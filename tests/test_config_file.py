@@ -121,6 +121,7 @@ def test_a_bad_file_is_one_error_line_and_nothing_is_created(
         ("connect_port = 0\n", "--connect-port needs the Spark store"),
         ("spark_conf = ['nope']\n", "--spark-conf 'nope': expected spark.<setting>=<value>"),
         ("seq_window = 0\n", "--seq-window must be at least 1"),
+        ("max_queued_changes = 0\n", "--max-queued-changes must be at least 1"),
     ],
 )
 def test_what_check_options_refuses_it_refuses_from_a_file(

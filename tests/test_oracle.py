@@ -49,6 +49,7 @@ from tests.sim import (
     WithoutChainRule,
     WithoutCompensation,
     WithoutRetention,
+    WithoutSpilledCompensation,
     recompute,
     start_sim_manager,
 )
@@ -57,7 +58,7 @@ from warehouse import outer_join, view_change
 from warehouse.aggregate import visible
 from warehouse.catalog.db import Catalog
 from warehouse.manager import Manager
-from warehouse.protocol import DEFAULT_BATCH_SIZE, ViewProtocol
+from warehouse.protocol import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_BUDGET, ViewProtocol
 from warehouse.store.base import ViewStore
 from warehouse.store.memory import MemoryStore
 
@@ -114,6 +115,8 @@ class Outcome:
     commits: list[tuple[str, tuple[int, ...]]]  # every store write in write order: (view, its orders)
     set_units: int = 0  # units of more than one update
     measured_crossovers: int = 0  # sources whose crossover came from measured costs, not the prior
+    compensations_from_log: int = 0  # compensated updates read from the update log (spilled)
+    read_back: int = 0  # spilled updates queued in memory again
 
     @property
     def interleaving(self) -> tuple:
@@ -207,10 +210,12 @@ async def run_schedule(
     inline: bool = True,
     batch_sizes: tuple[int, ...] = (1, 1, 2, 3, DEFAULT_BATCH_SIZE),  # the default: adaptive
     views: dict[str, str] = VIEWS,
+    queue_budget: int | None = DEFAULT_QUEUE_BUDGET,
 ) -> Outcome:
     """The schedule of ``seed``; replays only on a ``VirtualTimeLoop`` (``schedule``), with the
     blocking calls ``inline`` (a store of real jobs, Spark's, runs them on threads instead,
-    on the real clock)."""
+    on the real clock). ``queue_budget``: the changes a view's UMQ holds in memory before
+    its tail spills to the update log."""
     rng = random.Random(seed)
     store = store or RecordingStore()
     delays = Delays(before_snapshot=0.004, evaluation=0.004, shipping=0.002)
@@ -226,6 +231,7 @@ async def run_schedule(
         delays,
         trace=answers,
         blocking_executor=InlineExecutor() if inline else None,
+        max_queued_changes=queue_budget,
     )
     load_random(sources.values(), rng)
 
@@ -263,7 +269,10 @@ async def run_schedule(
             manager, name, sources, check_history=not isinstance(store, ClampingStore)
         )
         outcome.watermarks[name] = manager.watermark(name)
-        outcome.compensations += manager.views[name].maintainer.counters.compensations
+        counters = manager.views[name].maintainer.counters
+        outcome.compensations += counters.compensations
+        outcome.compensations_from_log += counters.compensations_from_log
+        outcome.read_back += counters.updates_read_back
         outcome.set_units += sum(len(u.log_ids) > 1 for u in await manager.db(Catalog.units, name))
         costs = manager.views[name].maintainer.protocol.costs.values()
         outcome.measured_crossovers += sum(c.c1 is not None and c.line() is not None for c in costs)
@@ -378,6 +387,43 @@ def test_oracle_fails_when_the_protocol_is_broken(tmp_path, shape, broken):
     assert seed is not None
     store = ClampingStoreOff() if broken == "signed_counts" else None
     outcome = schedule(tmp_path, seed, store=store, views=views)
+    assert not outcome.mismatches, outcome.mismatches
+
+
+SPILLING_BUDGET = 2  # changes: a view's UMQ spills from its second or third update on
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_spilled_queues_match_recomputation(tmp_path, shape):
+    """With a queue budget of a few changes, every view's queue spills to the update log
+    and is read back a chunk at a time, and answers subtract spilled updates read from the
+    log: the views still equal recomputation as of every W, for every shape."""
+    s = SHAPES[shape]
+    seeds = range(s.busy_seed, s.busy_seed + 8)
+    outcomes = [schedule(tmp_path, seed, views=s.views, queue_budget=SPILLING_BUDGET) for seed in seeds]
+    for seed, outcome in zip(seeds, outcomes):
+        assert not outcome.mismatches, (seed, outcome.mismatches)
+    assert sum(o.read_back for o in outcomes) > 50
+    assert sum(o.compensations_from_log for o in outcomes) > 5
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_oracle_fails_when_spilled_updates_are_not_compensated(tmp_path, shape):
+    """Answers that leave out the spilled updates they reflect fail some schedule of every
+    shape; the same schedule passes with them subtracted."""
+    views = SHAPES[shape].views
+    seed = next(
+        (
+            seed
+            for seed in range(5000, 5060)
+            if schedule(
+                tmp_path, seed, WithoutSpilledCompensation, views=views, queue_budget=SPILLING_BUDGET
+            ).mismatches
+        ),
+        None,
+    )
+    assert seed is not None
+    outcome = schedule(tmp_path, seed, views=views, queue_budget=SPILLING_BUDGET)
     assert not outcome.mismatches, outcome.mismatches
 
 

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from py4j.protocol import Py4JNetworkError
 
+import warehouse.maintainer
 import warehouse.manager
 from api.auth import issue
 from api.manager_app import create_app
@@ -388,6 +389,44 @@ async def test_a_paused_view_keeps_no_queue_in_memory_and_resume_maintains_it_al
         maintained = sorted(i for u in units for i in u.log_ids)
         assert len(maintained) == len(set(maintained)) == 230  # each update once
         assert await check_view(manager, "v", sources, check_history=True) == []
+
+
+async def test_a_backlog_past_the_queue_budget_is_maintained_from_the_log_in_chunks(tmp_path, monkeypatch):
+    """A view whose queue may hold 5 changes in memory takes a backlog of 200 updates: the
+    UMQ never holds more than the budget plus one chunk read back, the rest waits in the
+    update log, and every update is maintained once, the view right as of every W."""
+    monkeypatch.setattr(warehouse.maintainer, "READ_BACK_UPDATES", 8)
+    async with served(tmp_path) as env:
+        manager, sources, client = env.manager, env.sources, env.client
+        protocol = manager.view("v").maintainer.protocol
+        protocol.queue_budget = 5
+        assert (await client.post("/v1/views/v/pause", headers=env.admin)).status_code == 200
+        for i in range(200):
+            change_r(sources, i)
+            await sources["a"].ship()
+        view = (await client.get("/v1/views/v", headers=env.admin)).json()
+        assert view["updates_queued"] == 200 and view["updates_spilled"] == 200 and view["queued_changes"] == 0, view
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, protocol.umq.changes)
+                await asyncio.sleep(0)
+
+        watching = asyncio.create_task(watch())
+        assert (await client.post("/v1/views/v/resume", headers=env.admin)).status_code == 200
+        assert await converged(manager, sources)
+        watching.cancel()
+        assert 0 < peak <= 5 + 8  # the budget, plus one chunk of one-change updates read back
+        counters = manager.view("v").maintainer.counters
+        assert counters.updates_read_back == 200
+        units = await manager.db(Catalog.units, "v")
+        maintained = sorted(i for u in units for i in u.log_ids)
+        assert len(maintained) == len(set(maintained)) == 200  # each update once
+        assert await check_view(manager, "v", sources, check_history=True) == []
+        metrics = (await client.get("/metrics", headers=env.admin)).text
+        assert 'pvm_view_updates_read_back_total{view="v"} 200.0' in metrics, metrics
 
 
 # -- readiness: a dead store, a stalled view -------------------------------------------------------

@@ -143,6 +143,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "50",
                 "--max-unfinished-changes",
                 "5000",
+                "--max-queued-changes",
+                "300",
                 "--max-verifications",
                 "2",
                 "--change-log-warning-mb",
@@ -157,6 +159,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "stall_after_s": 60.0,
         "seq_window": 50,
         "max_unfinished_changes": 5000,
+        "max_queued_changes": 300,
         "max_verifications": 2,
         "change_log_warning_bytes": 64 << 20,
     }

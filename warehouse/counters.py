@@ -61,6 +61,8 @@ class ViewCounters:
     units_committed: int = 0
     subqueries: int = 0
     compensations: int = 0
+    compensations_from_log: int = 0  # of them, spilled updates read from the update log
+    updates_read_back: int = 0  # spilled updates queued in memory again
     commit_groups: int = 0
     peak_running: int = 0
     retries: int = 0  # attempts repeated after a transient fault

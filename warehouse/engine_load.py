@@ -57,6 +57,7 @@ from contract.zset import ZSet, total
 from warehouse.aggregate import encode_sql
 from warehouse.plan import RelationRef, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
+from warehouse.spill import SpillLog
 
 WEIGHT = "_w"
 ORDER = "_order"
@@ -301,23 +302,27 @@ class EngineLoad:
         sources: Mapping[str, SnapshotSource],
         store: LoadStore,
         declared: Sequence[Sequence[str]],
+        spill_log: SpillLog | None = None,
     ) -> None:
         """``declared[j]``: relation ``j``'s declared column types, in the order of its
-        columns in ``plan`` (what the streams' types follow)."""
+        columns in ``plan`` (what the streams' types follow); ``spill_log``: where spilled
+        queued updates are read from."""
         self.plan = plan
         self.protocol = protocol
+        self.spill_log = spill_log
         self.sources = sources
         self.store = store
         self.declared = declared
         self.progress: LoadProgress | None = None
 
-    async def run(self, unit: Unit) -> tuple[ZSet, int]:
+    async def run(self, unit: Unit) -> tuple[ZSet, int, int]:
         """Load the view as of ``unit`` (the initial unit) into the store. Returns the empty
-        effect (the store holds the load already) and how many updates were compensated."""
+        effect (the store holds the load already), how many updates were compensated, and
+        how many of them were read from the update log (spilled)."""
         assert unit.initial
         name = self.plan.name
         if unit.order in await asyncio.to_thread(self.store.committed_orders, name):
-            return ZSet(), 0  # appended before a crash or a failed commit record
+            return ZSet(), 0, 0  # appended before a crash or a failed commit record
         root = self.store.staging_dir(name)
         for old in root.glob(f"order-{unit.order}-*"):  # an earlier run's: nothing of it is of use
             shutil.rmtree(old, ignore_errors=True)
@@ -339,17 +344,18 @@ class EngineLoad:
             # handshake), and none leaves the protocol while the load runs (it is the oldest
             # unit): asking now names exactly what each snapshot must not reflect.
             files: list[tuple[str, str | None]] = []
-            compensated = 0
+            compensated = from_log = 0
             for j, (path, watermark, schema) in enumerate(staged):
-                compensation, count = self._compensation(unit, j, watermark, schema, staging)
+                compensation, count, logged = await self._compensation(unit, j, watermark, schema, staging)
                 files.append((str(path), compensation))
                 compensated += count
+                from_log += logged
             progress.phase = "joining"
             await asyncio.to_thread(self.store.load, name, unit.order, load_sql(self.plan, files, self.declared))
         finally:
             self.progress = None
             shutil.rmtree(staging, ignore_errors=True)
-        return ZSet(), compensated
+        return ZSet(), compensated, from_log
 
     async def _stage(self, j: int, staging: Path) -> tuple[Path, int, pa.Schema]:
         relation = self.plan.relations[j]
@@ -366,12 +372,22 @@ class EngineLoad:
         progress.staged += 1
         return path, watermark, schema
 
-    def _compensation(
+    async def _compensation(
         self, unit: Unit, j: int, watermark: int, schema: pa.Schema, staging: Path
-    ) -> tuple[str | None, int]:
+    ) -> tuple[str | None, int, int]:
         """The deltas of relation ``j`` that its snapshot reflects but the load must not,
-        with negated weights, as a Parquet file (None: there are none), and how many
-        updates they come from."""
+        with negated weights, as a Parquet file (None: there are none), how many updates
+        they come from, and how many of those were read from the update log: queued or
+        numbered ones come from memory, spilled ones from the log (``warehouse.spill``)."""
         relation = self.plan.relations[j]
         concurrent = self.protocol.concurrent_deltas(unit, INITIAL_TERM, j, relation.source, watermark)
-        return write_taken_back(total(concurrent), schema, staging / f"c{j}.parquet"), len(concurrent)
+        spilled = self.protocol.spilled_range(relation.source, watermark)
+        undone, from_log = total(concurrent), 0
+        if spilled is not None:
+            assert self.spill_log is not None, "updates were spilled without a log to read them from"
+            async for updates in self.spill_log.spilled(spilled):
+                deltas = [u.deltas[j] for u in updates if j in u.deltas]
+                undone.add_all(total(deltas))
+                from_log += len(deltas)
+        path = write_taken_back(undone, schema, staging / f"c{j}.parquet")
+        return path, len(concurrent) + from_log, from_log

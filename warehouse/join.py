@@ -95,6 +95,22 @@ def local_join(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[C
     return out
 
 
+def matching(partial: ZSet, step: SweepStep, relation: ZSet, rel_cols: tuple[Col, ...]) -> ZSet:
+    """The rows of ``relation`` whose equality columns meet some row of ``partial``: all
+    that ``local_join(partial, step, relation, rel_cols)`` can use.
+
+    >>> from contract.expr import Col, Cmp
+    >>> step = SweepStep(1, (Col("a", "k"),), (Col("a", "k"),), Cmp("=", Col("a", "k"), Col("b", "k")))
+    >>> matching(ZSet({(1,): 1}), step, ZSet({(1, "x"): 1, (2, "y"): -1}), (Col("b", "k"), Col("b", "v")))
+    ZSet({(1, 'x'): 1})
+    """
+    if not partial or not relation:
+        return ZSet()
+    p_hash, r_hash, _ = _join_plan(step, rel_cols)
+    probes = {tuple(row[i] for i in p_hash) for row in partial.rows()}
+    return ZSet({row: w for row, w in relation.items() if tuple(row[i] for i in r_hash) in probes})
+
+
 @functools.lru_cache(maxsize=1024)
 def _join_plan(
     step: SweepStep, rel_cols: tuple[Col, ...]

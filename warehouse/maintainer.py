@@ -39,6 +39,7 @@ from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
 from warehouse.seq_history import SeqHistory
 from warehouse.sources import SourceClient, SourceError
 from warehouse.sources import is_transient as source_unavailable
+from warehouse.spill import READ_BACK_UPDATES, SpillLog
 from warehouse.store import Effect, StoreError, ViewStore
 from warehouse.view_change import ChangeStats, ViewChange
 
@@ -134,8 +135,11 @@ class ViewMaintainer:
         on_state: Callable[[str, str, str | None], Awaitable[None]],
         store_types: Sequence[str | None] = (),
         store_executor: Executor | None = None,
+        spill_log: SpillLog | None = None,
     ) -> None:
-        """``store_executor``: where store calls run (``run_blocking``); None: worker threads."""
+        """``store_executor``: where store calls run (``run_blocking``); None: worker threads.
+        ``spill_log``: where the UMQ's spilled tail is read back from (``warehouse.spill``);
+        needed once anything is shelved."""
         self.name = name
         self.store_types = tuple(store_types)  # the view columns' store types, to explain a refused commit
         self.plan = plan
@@ -145,7 +149,8 @@ class ViewMaintainer:
         self.store_executor = store_executor
         self.db = db  # runs a catalog method on the catalog thread
         self.on_state = on_state
-        self.view_change = ViewChange(plan, protocol, sources)
+        self.spill_log = spill_log
+        self.view_change = ViewChange(plan, protocol, sources, spill_log)
         self.counters = ViewCounters()
         self.paused = False
         self.failed: str | None = None
@@ -158,7 +163,7 @@ class ViewMaintainer:
         self._ready_at: dict[int, float] = {}
         self._ready_from: dict[int, tuple[tuple[str, int], ...]] = {}  # (source, seq) of each ready unit's updates
         self._committing = False  # a group is between the store write and the published W
-        self._resuming = asyncio.Lock()  # the shelved queue is read back: nothing starts
+        self._reading_back = False  # a chunk of the shelf is being read from the log
         self._wake = asyncio.Event()
         self._commit_wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -202,25 +207,15 @@ class ViewMaintainer:
         self.paused = True
         self._wake.set()  # to shelve the queue once nothing runs
 
-    async def resume(self, read_back: Callable[[dict[str, int]], Awaitable[list[ViewUpdate]]]) -> None:
+    async def resume(self) -> None:
         """Maintain again: a paused view, or a failed one (its waiting units run again with
-        their order numbers). A shelved queue is read back first with ``read_back`` (per
-        source, the seq after which to read the update log); updates that arrive meanwhile
-        are queued behind it."""
-        async with self._resuming:
-            shelf = self.protocol.unshelve()
-            if shelf is not None:
-                try:
-                    logged = await read_back(shelf.after)
-                except BaseException:
-                    self.protocol.shelve(shelf)  # as it was, with what arrived meanwhile
-                    raise
-                self.protocol.requeue(logged)
-            self.paused = False
-            if self.failed is not None:
-                self.failed = None
-                await self.on_state(self.name, "initializing" if self.initial_order is not None else "active", None)
-            self.progress_at = time.monotonic()
+        their order numbers). A shelved queue is read back a chunk at a time as the UMQ runs
+        low, as any spilled tail is."""
+        self.paused = False
+        if self.failed is not None:
+            self.failed = None
+            await self.on_state(self.name, "initializing" if self.initial_order is not None else "active", None)
+        self.progress_at = time.monotonic()
         self.start()
 
     async def begin_initial_load(self, bases: Mapping[str, int]) -> None:
@@ -265,17 +260,43 @@ class ViewMaintainer:
                 self.counters.units_started += 1
                 self._spawn(unit)
             self._shelve_if_held()
+            self._read_back_if_low()
             self._check_idle()
 
     def _may_start(self) -> bool:
-        return not self.paused and self.failed is None and not self._resuming.locked()
+        return not self.paused and self.failed is None
 
     def _shelve_if_held(self) -> None:
         """A paused or failed view with nothing running keeps its queue in the update log
-        only: nothing compensates with it until ``resume`` reads it back."""
+        only, until it maintains again."""
         held = self.paused or self.failed is not None
-        if held and not self._resuming.locked() and not self.protocol.ppu and self.protocol.shelf is None:
+        if held and not self._reading_back and not self.protocol.ppu and self.protocol.umq:
             self.protocol.shelve()
+
+    def _read_back_if_low(self) -> None:
+        """Read the next chunk of the shelf back into the UMQ when it runs low, one read at
+        a time, while the view maintains."""
+        if self._may_start() and not self._reading_back and self.protocol.wants_read_back():
+            self._reading_back = True
+            task = asyncio.create_task(self._read_back(), name=f"read-back-{self.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _read_back(self) -> None:
+        assert self.spill_log is not None, "a view shelved updates without a log to read them back from"
+        spill_log = self.spill_log
+        try:
+            read = self.protocol.read_back()
+            chunk = await self._retrying(
+                "read back", lambda: spill_log.read_back(read.after, READ_BACK_UPDATES), always
+            )
+            self.counters.updates_read_back += self.protocol.take_back(
+                read, chunk.updates, chunk.through, chunk.exhausted
+            )
+            self.progress_at = time.monotonic()
+        finally:
+            self._reading_back = False
+            self._wake.set()
 
     def _spawn(self, unit: Unit) -> None:
         self.progress_at = time.monotonic()
@@ -312,6 +333,7 @@ class ViewMaintainer:
             return
         self.counters.subqueries += stats.subqueries
         self.counters.compensations += stats.compensations
+        self.counters.compensations_from_log += stats.compensations_from_log
         for source, seconds in stats.subquery_seconds.items():
             for value in seconds:
                 self.counters.subquery(source, value)
@@ -464,14 +486,12 @@ class ViewMaintainer:
     # -- consistent cuts ------------------------------------------------------------------------
     @property
     def has_state(self) -> bool:
-        """Whether ``seqs`` can answer: not while the initial load runs or the queue is read
-        back from the update log."""
-        return self.initial_order is None and not self._resuming.locked()
+        """Whether ``seqs`` can answer: not while the initial load runs."""
+        return self.initial_order is None
 
     def seqs(self, readable_from: int = 0) -> ViewSeqs | None:
         """What the view's states show of its sources (``warehouse.consistent_cut``); None
-        while it has no state to show (the initial load runs) or its queue is being read
-        back from the update log (what it has queued is not known until then)."""
+        while it has no state to show (the initial load runs)."""
         if not self.has_state:
             return None
         return self.history.seqs(self.protocol.watermark, self.protocol.first_queued(), readable_from)

@@ -37,10 +37,11 @@ from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
-from warehouse.protocol import DEFAULT_BATCH_SIZE, Unit, ViewProtocol, ViewUpdate
+from warehouse.protocol import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_BUDGET, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_MAX_UNFINISHED, DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.seq_history import MAX_SPANS, SeqHistory
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
+from warehouse.spill import CatalogSpillLog, SpillLog
 from warehouse.sql_views import ViewDefinitionError, parse_view
 from warehouse.store import StoreError, Summed, ViewStore
 from warehouse.verify import MAX_VERIFICATIONS, Verifications
@@ -155,6 +156,7 @@ class Manager:
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
         max_unfinished_changes: int = DEFAULT_MAX_UNFINISHED,
+        max_queued_changes: int | None = DEFAULT_QUEUE_BUDGET,
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
         blocking_executor: Executor | None = None,
@@ -168,7 +170,9 @@ class Manager:
         ``stall_after_s``: how long a view may have work without progress before the
         watchdog calls it stalled; ``source_watch_s``: how often every wrapper's health is
         asked; ``change_log_warning_bytes``: change log kept for a source's log capture
-        above which the manager warns; ``max_verifications``: verifications run at once over all views
+        above which the manager warns; ``max_queued_changes``: the changes a view's UMQ holds
+        in memory, past which its tail stays in the update log (``warehouse.spill``; None:
+        no bound); ``max_verifications``: verifications run at once over all views
         (``warehouse.verify``); ``protocol``: makes a view's protocol state from its
         parallelism and batch size (tests give one broken on purpose, for the oracle to
         catch).
@@ -188,6 +192,7 @@ class Manager:
         self.manager_tokens: dict[str, str] = {}  # source -> the secret its wrapper expects from us
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.new_protocol = protocol  # (parallelism, batch_size) -> a view's protocol state
+        self.max_queued_changes = max_queued_changes
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
         self.backoff = backoff or Backoff()
@@ -243,7 +248,7 @@ class Manager:
             if info.manager_token:
                 self.manager_tokens[name] = info.manager_token
             self._register_source(name, info.wrapper_url, info.relations)
-            self.receiver.recover(name, await self.db(Catalog.log_entries, name, 0))
+            self.receiver.recover(name, *await self.db(Catalog.log_positions, name))
         for view in (await self.db(Catalog.views)).values():
             await self._recover_view(view)
         # Resend the views' interest in the background: a wrapper may be busy resending
@@ -401,7 +406,7 @@ class Manager:
         self.wrapper_urls[name] = wrapper_url
         if manager_token:
             self.manager_tokens[name] = manager_token
-        self.receiver.recover(name, [])
+        self.receiver.recover(name)
         return relations
 
     def _register_source(self, name: str, url: str, relations: dict[str, RelationInfo]) -> None:
@@ -551,6 +556,14 @@ class Manager:
             self.commit_linger,
             self.backoff,
         )
+        protocol.queue_budget = self.max_queued_changes
+        extractor = DeltaExtractor(plan)
+        handle: ViewHandle | None = None
+
+        def routed(entry: LogEntry) -> ViewUpdate | None:
+            return None if handle is None else self._routed(handle, entry)
+
+        spill_log = CatalogSpillLog(self.db, routed, self.receiver.released_through)
         maintainer = ViewMaintainer(
             info.name,
             plan,
@@ -562,9 +575,11 @@ class Manager:
             self._set_state,
             store_types=self._output_types(plan),
             store_executor=self.blocking_executor,
+            spill_log=spill_log,
         )
-        maintainer.view_change.initial_load = self._engine_load(plan, protocol)
-        return ViewHandle(info, plan, DeltaExtractor(plan), maintainer, None)
+        maintainer.view_change.initial_load = self._engine_load(plan, protocol, spill_log)
+        handle = ViewHandle(info, plan, extractor, maintainer, None)
+        return handle
 
     def engine_inputs(self, plan: ViewPlan) -> tuple[LoadStore, dict[str, SnapshotSource], list[list[str]]] | None:
         """What joining the view's relations in the store's engine takes: a store that runs
@@ -593,14 +608,14 @@ class Manager:
             return None
         return store, sources, declared
 
-    def _engine_load(self, plan: ViewPlan, protocol: ViewProtocol) -> EngineLoad | None:
+    def _engine_load(self, plan: ViewPlan, protocol: ViewProtocol, spill_log: SpillLog) -> EngineLoad | None:
         """The view's initial load in the store's engine; None: the load runs SWEEP's
         subqueries."""
         inputs = self.engine_inputs(plan)
         if inputs is None:
             return None
         store, sources, declared = inputs
-        return EngineLoad(plan, protocol, sources, store, declared)
+        return EngineLoad(plan, protocol, sources, store, declared, spill_log)
 
     async def _set_state(self, view: str, state: str, error: str | None) -> None:
         handle = self.views.get(view)
@@ -634,10 +649,9 @@ class Manager:
             )
             for u in kept
         ]
-        in_units = {i for u in units for i in u.log_ids}
-        queued = await self._logged_updates(handle, info.bases, skip=in_units)
-        waiting = protocol.restore(recorded, rebuilt, queued)
-        self.views[info.name] = handle
+        waiting = protocol.restore(recorded, rebuilt, ())
+        await self._requeue_logged(handle, info.bases, skip={i for u in units for i in u.log_ids})
+        self.views[info.name] = handle  # nothing was released meanwhile: start() recovers views first
         if info.state == "failed":
             log.warning("view %s had failed before the restart (%s): trying it again", info.name, info.error)
             await self._set_state(info.name, "initializing", None)
@@ -693,24 +707,22 @@ class Manager:
                 missing.discard(entry.source)
         return upto
 
-    async def _logged_updates(
-        self, handle: ViewHandle, after: Mapping[str, int], skip: Collection[int] = ()
-    ) -> list[ViewUpdate]:
-        """The view's updates in the update log after seq ``after[source]``, released by the
-        receiver (not held behind a gap) and in no unit (``skip``: log ids in units), in
-        arrival order: the UMQ rebuilt after a restart, or read back when a paused or
-        failed view resumes."""
-        entries = [e for source, seq in after.items() for e in await self.db(Catalog.log_entries, source, seq)]
-        released = {source: self.receiver.released_through(source) for source in after}
-        updates = []
-        for entry in sorted(entries, key=lambda e: e.id):
-            if (
-                entry.seq <= released[entry.source]
-                and entry.id not in skip
-                and (v := handle.extractor(entry)) is not None
-            ):
-                updates.append(v)
-        return updates
+    async def _requeue_logged(self, handle: ViewHandle, bases: Mapping[str, int], skip: Collection[int]) -> None:
+        """Queue the view's updates in the update log after seq ``bases[source]``, released by
+        the receiver (not held behind a gap) and in no unit (``skip``: log ids in units), in
+        arrival order: the UMQ rebuilt after a restart. Read a chunk at a time: past the
+        view's queue budget they stay in the log (the protocol's shelf)."""
+        protocol, spill_log = handle.maintainer.protocol, handle.maintainer.spill_log
+        assert spill_log is not None
+        after = dict(bases)
+        while True:
+            chunk = await spill_log.read_back(after, LOG_IDS_PER_READ)
+            for update in chunk.updates:
+                if update.log_id not in skip:
+                    protocol.receive(update)
+            after.update(chunk.through)
+            if chunk.exhausted:
+                return
 
     def pause_view(self, name: str) -> None:
         """No new unit starts; updates keep being received, and once nothing of the view
@@ -719,9 +731,9 @@ class Manager:
 
     async def resume_view(self, name: str) -> None:
         """Maintain the view again: a paused one, or a failed one (its unfinished units run
-        again with their order numbers). Its queued updates are read back from the log."""
-        handle = self.view(name)
-        await handle.maintainer.resume(lambda after: self._logged_updates(handle, after))
+        again with their order numbers). Its queued updates are read back from the log, a
+        chunk at a time."""
+        await self.view(name).maintainer.resume()
 
     def view(self, name: str) -> ViewHandle:
         handle = self.views.get(name)
@@ -753,15 +765,18 @@ class Manager:
 
     def _release(self, entry: LogEntry) -> None:
         for handle in self.views.values():
-            if entry.source not in handle.plan.sources:
-                continue
-            if handle.bases is not None and entry.seq <= handle.bases.get(entry.source, 0):
-                continue
-            if handle.bases is None and not handle.extractor.complete(entry):
-                continue  # shipped under the previous interest: before the view's boundary
-            update = handle.extractor(entry)
-            if update is not None:
+            if entry.source in handle.plan.sources and (update := self._routed(handle, entry)) is not None:
                 handle.maintainer.receive(update)
+
+    @staticmethod
+    def _routed(handle: ViewHandle, entry: LogEntry) -> ViewUpdate | None:
+        """What view ``handle`` receives of a released update of one of its sources (None:
+        nothing); the same when a spilled queue is read back from the log."""
+        if handle.bases is not None and entry.seq <= handle.bases.get(entry.source, 0):
+            return None
+        if handle.bases is None and not handle.extractor.complete(entry):
+            return None  # shipped under the previous interest: before the view's boundary
+        return handle.extractor(entry)
 
     # -- reading -----------------------------------------------------------------------------------
     def watermark(self, name: str) -> int:
@@ -918,6 +933,8 @@ class Manager:
             "stalled": self.stalled(handle),
             "no_progress_seconds": round(m.seconds_without_progress(), 3),
             "updates_queued": progress.queued,
+            "updates_spilled": progress.spilled,
+            "queued_changes": progress.queued_changes,
             "units_running": progress.running,
             "units_waiting": progress.waiting,
             "units_retained": progress.retained,
@@ -930,6 +947,8 @@ class Manager:
                 "units_committed": c.units_committed,
                 "subqueries": c.subqueries,
                 "compensations": c.compensations,
+                "compensations_from_log": c.compensations_from_log,
+                "updates_read_back": c.updates_read_back,
                 "commit_groups": c.commit_groups,
                 "peak_running": c.peak_running,
                 "retries": c.retries,

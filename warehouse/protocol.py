@@ -19,13 +19,18 @@ compensate when an answer arrives, and the answer is decided by the state at tha
   as numbered for compensation and as running for retention, and re-enter the PPU before
   any queued update, oldest first, as slots free (``restart``): the PPU never holds more
   than ``parallelism`` units, a restart included.
-* **Shelf**: the UMQ of a view that is paused or failed while nothing of it runs stays in
-  the durable update log only (``shelve``); it is read back before anything starts again
-  (``unshelve``, ``requeue``).
+* **Shelf** (the spilled tail of the UMQ): queued updates kept in the durable update log
+  only, in memory just where they start. Arrivals go there once the UMQ holds
+  ``queue_budget`` changes, and the whole UMQ of a view that is paused or failed while
+  nothing of it runs (``shelve``). They are read back a chunk at a time, in arrival order,
+  whenever the UMQ runs low (``take_back``), so a backlog costs memory by the budget, not by
+  its length. They are still queued: an answer that reflects some of them subtracts them
+  like any other queued update, read from the log (``spilled_range``).
 * **Compensation** (isConcurrent): an answer from source ``s`` with watermark ``w`` to a
   subquery on relation position ``j``, issued by term ``k`` of unit ``u``, reflects every
   update of ``s`` with ``seq <= w``. Subtract ``partial ⋈ ΔR_j`` for each such update whose
-  delta is ordered after the term: ``(order, j) > (u.order, k)``, or still queued.
+  delta is ordered after the term: ``(order, j) > (u.order, k)``, or still queued (in the
+  UMQ: ``concurrent_deltas``; spilled: ``spilled_range``).
   Comparing (order, position) pairs is Garg's chain rule for a unit that changes several
   relations: its own later relations are subtracted, its earlier ones kept.
 * **Watermark W**: the largest order such that every order <= W is committed.
@@ -50,17 +55,20 @@ compensate when an answer arrives, and the answer is decided by the state at tha
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from contract.zset import ZSet
 from warehouse.batching import SourceCosts, unit_size
-from warehouse.update_index import SourceRuns, UpdateQueue
+from warehouse.update_index import SourceRuns, UpdateQueue, update_changes
 
 DEFAULT_BATCH_SIZE = 1000
 """A view's ``batch_size`` unless defined with one: the most updates a unit takes when a
 backlog is maintained set-oriented (``warehouse.batching`` decides how many)."""
+
+DEFAULT_QUEUE_BUDGET = 100_000
+"""The most changes a view's UMQ holds in memory unless the manager is given another bound
+(``pvm serve --max-queued-changes``); past it the queue's tail is spilled (the shelf)."""
 
 INITIAL_TERM = -1
 """The term of the initial load: it reads every relation, so every update ordered after
@@ -105,18 +113,41 @@ class Unit:
 
 @dataclass
 class Shelf:
-    """What stays in memory of a shelved UMQ: per source, the seq after which its queued
-    updates start in the update log, and how many there are and since when (for the lag)."""
+    """What stays in memory of the UMQ's spilled tail: per source, the seq after which its
+    queued updates start in the update log, and how many there are and since when (for the
+    lag). ``added`` counts every update ever shelved: a read of the log that finds nothing
+    more, with nothing shelved since it began, has read the shelf empty."""
 
     after: dict[str, int] = field(default_factory=dict)
     count: int = 0
-    oldest: float | None = None  # when the oldest of them arrived
+    oldest: float | None = None  # when the oldest of them arrived (a lower bound)
+    added: int = 0
 
     def add(self, update: ViewUpdate) -> None:
-        self.after.setdefault(update.source, update.seq - 1)
+        self.after[update.source] = min(self.after.get(update.source, update.seq - 1), update.seq - 1)
         self.count += 1
+        self.added += 1
         if update.received_at is not None:
             self.oldest = update.received_at if self.oldest is None else min(self.oldest, update.received_at)
+
+
+@dataclass(frozen=True)
+class SpilledRange:
+    """Queued updates of ``source`` with ``after < seq <= through`` that are in the update
+    log only: an answer reflects them, so they are subtracted, read from the log."""
+
+    source: str
+    after: int
+    through: int
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """Where the next read of the shelf starts (per source, the seq after which to read),
+    and the shelf's ``added`` when it began (``take_back``)."""
+
+    after: dict[str, int]
+    added: int
 
 
 @dataclass(frozen=True)
@@ -124,6 +155,8 @@ class Progress:
     """How far behind the view is, from the protocol's state at one instant."""
 
     queued: int  # updates in no unit yet (UMQ or shelf)
+    spilled: int  # of them, in the update log only (the shelf)
+    queued_changes: int  # changes of the queued updates in memory (the UMQ)
     running: int  # units in the PPU
     waiting: int  # numbered units waiting for a PPU slot
     retained: int  # units in the RPU
@@ -136,6 +169,7 @@ class Progress:
 class ViewProtocol:
     parallelism: int
     batch_size: int = 1  # at most this many queued updates per unit (1: no batching)
+    queue_budget: int | None = None  # the most changes the UMQ holds in memory (None: no bound)
     next_order: int = 1
     umq: UpdateQueue = field(default_factory=UpdateQueue)
     ppu: dict[int, Unit] = field(default_factory=dict)
@@ -153,11 +187,31 @@ class ViewProtocol:
 
     # -- AssignTimeStamp: an update arrives ----------------------------------------------
     def receive(self, update: ViewUpdate) -> None:
+        """Queue ``update``: in memory, or in the update log only (the shelf) once the UMQ
+        holds ``queue_budget`` changes or a tail is shelved already (arrival order is kept:
+        nothing passes the shelf). An update larger than the budget still enters an empty UMQ.
+
+        >>> from contract.zset import ZSet
+        >>> p = ViewProtocol(parallelism=1, queue_budget=2)
+        >>> for seq in (1, 2, 3):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {0: ZSet({(seq,): 1})}))
+        >>> [u.seq for u in p.umq], p.shelf.after, p.queued
+        ([1, 2], {'s': 2}, 3)
+        """
+        if self.shelf is None and self._over_budget(update):
+            self.shelf = Shelf()
         if self.shelf is not None:
             self.shelf.add(update)
         else:
             self.umq.append(update)
             self.live.add(update)
+
+    def _over_budget(self, update: ViewUpdate) -> bool:
+        return (
+            self.queue_budget is not None
+            and bool(self.umq)
+            and self.umq.changes + update_changes(update) > self.queue_budget
+        )
 
     def drop_queued(self, reflected: Mapping[str, int]) -> None:
         """Forget queued updates with ``seq <= reflected[source]``: a new view's initial load
@@ -175,6 +229,9 @@ class ViewProtocol:
         self.umq.clear()
         for update in kept:
             self.umq.append(update)
+        if self.shelf is not None:  # the log is read after them (the count is left high: read back, it ends)
+            for source, after in self.shelf.after.items():
+                self.shelf.after[source] = max(after, reflected.get(source, 0))
 
     # -- MaintenanceManager: UMQ -> PPU ----------------------------------------------------
     def can_start(self) -> bool:
@@ -259,6 +316,24 @@ class ViewProtocol:
         first = own if position <= term else 0
         deltas = (u.deltas.get(position) for u in updates[first:])
         return [d for d in deltas if d is not None]
+
+    def spilled_range(self, source: str, watermark: int) -> SpilledRange | None:
+        """The spilled updates of ``source`` that an answer with ``watermark`` reflects: all
+        queued, so all later than every term. Asked together with ``concurrent_deltas``,
+        at the instant the answer arrives; the updates are read from the log after it (they
+        do not change, and any of them read back meanwhile is numbered after every running
+        unit, so subtracting it stays right).
+
+        >>> p = ViewProtocol(parallelism=1, queue_budget=1)
+        >>> for seq in (1, 2, 3):
+        ...     p.receive(ViewUpdate(seq, "s", seq, {0: ZSet({(seq,): 1})}))
+        >>> p.spilled_range("s", watermark=3), p.spilled_range("s", watermark=1)
+        (SpilledRange(source='s', after=1, through=3), None)
+        """
+        after = self.shelf.after.get(source) if self.shelf is not None else None
+        if after is None or watermark <= after:
+            return None
+        return SpilledRange(source, after, watermark)
 
     # -- ViewChange done: PPU -> RPU, clean up the RPU -------------------------------------
     def finish(self, unit: Unit) -> None:
@@ -356,43 +431,78 @@ class ViewProtocol:
         del self.ppu[unit.order]
         self.waiting[unit.order] = unit
 
-    # -- a held view: the UMQ in the update log only ---------------------------------------
-    def shelve(self, earlier: Shelf | None = None) -> None:
-        """Keep the queued updates in the durable update log only, and those that arrive
-        from now on; ``earlier``: a shelf taken back by ``unshelve`` whose read failed. Only
-        while nothing runs: a running unit compensates with queued updates.
+    # -- the shelf: the UMQ's tail in the update log only -------------------------------------
+    def shelve(self) -> None:
+        """Keep every queued update in the durable update log only, and those that arrive
+        from now on, until read back (a paused or failed view's queue, once nothing runs).
 
         >>> from contract.zset import ZSet
         >>> p = ViewProtocol(parallelism=2)
         >>> p.receive(ViewUpdate(10, "s", 5, {0: ZSet({(1,): 1})}))
         >>> p.shelve(); p.receive(ViewUpdate(11, "s", 6, {0: ZSet({(2,): 1})}))
-        >>> len(p.umq), p.queued, p.unshelve().after  # read s's log after seq 4 back
+        >>> len(p.umq), p.queued, p.read_back().after  # read s's log after seq 4 back
         (0, 2, {'s': 4})
         """
-        assert not self.ppu, "a running unit compensates with the queued updates"
-        self.shelf = earlier or Shelf()
-        for update in self.umq:
-            self.shelf.add(update)
+        shelf = self.shelf if self.shelf is not None else Shelf()
+        for update in self.umq:  # older than what is shelved already: ``add`` keeps the least seq
+            shelf.add(update)
+        self.shelf = shelf
         self.live.discard(self.umq)
         self.umq.clear()
 
-    def unshelve(self) -> Shelf | None:
-        """Queue arriving updates in memory again. Returns the shelf (None: nothing was
-        shelved): read the updates after ``shelf.after`` back from the log and give them to
-        ``requeue`` before anything starts, or the shelf to ``shelve`` if the read fails."""
-        shelf, self.shelf = self.shelf, None
-        return shelf
+    def wants_read_back(self) -> bool:
+        """Whether to read the next chunk of the shelf: something is shelved and the UMQ is
+        down to half its budget."""
+        if self.shelf is None:
+            return False
+        return self.queue_budget is None or self.umq.changes <= self.queue_budget // 2
 
-    def requeue(self, logged: Iterable[ViewUpdate]) -> None:
-        """Put updates read back from the log (in arrival order) ahead of those queued since
-        ``unshelve``, leaving out the ones among them that are queued already."""
-        first_queued: dict[str, int] = {}
-        for update in self.umq:
-            first_queued.setdefault(update.source, update.seq)
-        older = [u for u in logged if u.seq < first_queued.get(u.source, math.inf)]
-        self.umq.prepend(older)
-        for update in older:
+    def read_back(self) -> ReadBack:
+        """Where a read of the shelf starts: read the log after it, in arrival order, and
+        give what it found to ``take_back``."""
+        assert self.shelf is not None
+        return ReadBack(dict(self.shelf.after), self.shelf.added)
+
+    def take_back(
+        self, read: ReadBack, logged: Iterable[ViewUpdate], through: Mapping[str, int], exhausted: bool
+    ) -> int:
+        """Queue in memory what a read of the shelf found: ``logged``, in arrival order (each
+        source's in seq order, after ``read.after``); ``through``: per source, the last seq
+        the read looked at (updates the view does not read included); ``exhausted``: the log
+        had no more. Returns how many were queued. The shelf ends when the read found it all
+        and nothing was shelved since the read began: arrivals queue in memory again.
+
+        >>> from contract.zset import ZSet
+        >>> def update(seq): return ViewUpdate(seq, "s", seq, {0: ZSet({(seq,): 1})})
+        >>> p = ViewProtocol(parallelism=1, queue_budget=1)
+        >>> for seq in (1, 2, 4):
+        ...     p.receive(update(seq))
+        >>> read = p.read_back(); p.take_back(read, [update(2)], {"s": 3}, exhausted=False), p.shelf.after
+        (1, {'s': 3})
+        >>> read = p.read_back(); p.take_back(read, [update(4)], {"s": 4}, exhausted=True), p.shelf
+        (1, None)
+        >>> [u.seq for u in p.umq]
+        [1, 2, 4]
+        """
+        shelf = self.shelf
+        assert shelf is not None
+        taken = 0
+        for update in logged:
+            if update.seq <= shelf.after.get(update.source, update.seq):
+                continue  # not shelved (its source's reading starts later), or queued already
+            shelf.after[update.source] = update.seq
+            shelf.count = max(0, shelf.count - 1)
+            if update.received_at is not None:  # those left arrived after it
+                shelf.oldest = max(shelf.oldest or update.received_at, update.received_at)
+            self.umq.append(update)
             self.live.add(update)
+            taken += 1
+        for source, seq in through.items():  # past what the view does not read, too
+            if source in shelf.after:
+                shelf.after[source] = max(shelf.after[source], seq)
+        if exhausted and shelf.added == read.added:
+            self.shelf = None
+        return taken
 
     # -- CommitManager: W -------------------------------------------------------------------
     def mark_committed(self, orders: Iterable[int]) -> int:
@@ -434,11 +544,13 @@ class ViewProtocol:
         >>> for seq in (1, 2, 3):
         ...     p.receive(ViewUpdate(seq, "s", seq, {}))
         >>> unit = p.start(); p.progress()  # one update runs in unit 1, two are queued
-        Progress(queued=2, running=1, waiting=0, retained=0, updates_pending=3, lag_updates=3, oldest_invisible=None)
+        Progress(queued=2, spilled=0, queued_changes=0, running=1, waiting=0, retained=0, updates_pending=3, lag_updates=3, oldest_invisible=None)
         """
         running = sum(len(u.updates) for u in (*self.ppu.values(), *self.waiting.values()))
         return Progress(
             queued=self.queued,
+            spilled=self.shelf.count if self.shelf is not None else 0,
+            queued_changes=self.umq.changes,
             running=len(self.ppu),
             waiting=len(self.waiting),
             retained=len(self.rpu),

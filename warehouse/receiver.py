@@ -157,17 +157,12 @@ class Receiver:
         self._off_loop = run_off_loop or _on_receiving_thread
         self._cursors: dict[str, SourceCursor] = {}
 
-    def recover(self, source: str, stored: list[LogEntry]) -> list[LogEntry]:
-        """Rebuild a source's cursor from the log; returns the entries already released."""
+    def recover(self, source: str, released_through: int = 0, held: Mapping[int, int] | None = None) -> None:
+        """Rebuild a source's cursor from the log (``Catalog.log_positions``): released
+        through the end of its gapless prefix, the rest (seq -> log id) held."""
         cursor = self._cursors.setdefault(source, SourceCursor())
-        released = []
-        for entry in sorted(stored, key=lambda e: e.seq):
-            if entry.seq == cursor.released_through + 1:
-                cursor.released_through = entry.seq
-                released.append(entry)
-            else:
-                cursor.held[entry.seq] = entry.id
-        return released
+        cursor.released_through = released_through
+        cursor.held = dict(held or {})
 
     def released_through(self, source: str) -> int:
         return self._cursors.get(source, SourceCursor()).released_through

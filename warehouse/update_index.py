@@ -37,14 +37,21 @@ QUEUED = math.inf
 """The order of an update not numbered yet: later than every numbered one."""
 
 
+def update_changes(update: ViewUpdate) -> int:
+    """How many changes (delta rows) an update holds: what a queue's memory follows."""
+    return sum(len(delta) for delta in update.deltas.values())
+
+
 class UpdateQueue:
-    """Queued updates: arrival order across sources, seq order within each."""
+    """Queued updates: arrival order across sources, seq order within each; ``changes``
+    counts their delta rows."""
 
     def __init__(self) -> None:
         self._arrival: deque[ViewUpdate] = deque()
         self._by_source: dict[str, deque[ViewUpdate]] = {}
         self._taken: set[int] = set()  # log ids taken out of the middle of the arrival order
         self._size = 0
+        self.changes = 0
 
     def __len__(self) -> int:
         return self._size
@@ -60,15 +67,7 @@ class UpdateQueue:
         self._arrival.append(update)
         self._by_source.setdefault(update.source, deque()).append(update)
         self._size += 1
-
-    def prepend(self, updates: Iterable[ViewUpdate]) -> None:
-        """Put ``updates`` (in arrival order, each source's older than what it has queued)
-        ahead of everything queued."""
-        older = list(updates)
-        self._arrival.extendleft(reversed(older))
-        for update in reversed(older):
-            self._by_source.setdefault(update.source, deque()).appendleft(update)
-        self._size += len(older)
+        self.changes += update_changes(update)
 
     def front(self) -> ViewUpdate:
         """The update that arrived first (IndexError if none)."""
@@ -95,6 +94,7 @@ class UpdateQueue:
             update = queue.popleft()
             taken.append(update)
             self._taken.add(update.log_id)
+            self.changes -= update_changes(update)
         if queue is not None and not queue:
             del self._by_source[source]
         self._size -= len(taken)
@@ -106,6 +106,7 @@ class UpdateQueue:
         self._by_source.clear()
         self._clear_arrival()
         self._size = 0
+        self.changes = 0
 
     def _clear_arrival(self) -> None:
         self._arrival.clear()

@@ -39,10 +39,11 @@ from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
 from warehouse import outer_join
 from warehouse.engine_load import EngineLoad
-from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join
+from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join, matching
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
+from warehouse.spill import SpillLog
 
 KEYS_PER_SUBQUERY = 20_000
 """The most keys one subquery ships (the wire takes ``MAX_SUBQUERY_KEYS``): a larger step is
@@ -56,20 +57,29 @@ class ChangeStats:
 
     subqueries: int = 0
     compensations: int = 0
+    compensations_from_log: int = 0  # of them, spilled updates read from the update log
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
 
 
 class ViewChange:
-    def __init__(self, plan: ViewPlan, protocol: ViewProtocol, sources: Mapping[str, SourceClient]) -> None:
+    def __init__(
+        self,
+        plan: ViewPlan,
+        protocol: ViewProtocol,
+        sources: Mapping[str, SourceClient],
+        spill_log: SpillLog | None = None,
+    ) -> None:
+        """``spill_log``: where spilled queued updates are read from, to subtract them."""
         self.plan = plan
         self.protocol = protocol
         self.sources = sources
+        self.spill_log = spill_log
         self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
         if unit.initial and self.initial_load is not None:
-            effect, stats.compensations = await self.initial_load.run(unit)
+            effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
         started = time.time()
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
@@ -128,9 +138,7 @@ class ViewChange:
         step = self.plan.partner_step
         relation = self.plan.relations[step.relation]
         answer = await self._answer(step, keys, priority, stats, select=())
-        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
-        stats.compensations += len(concurrent)
-        undone = total(concurrent) if concurrent else None
+        undone = await self._undone(unit, term, step, None, answer.watermark, stats)
         return outer_join.count_partners(keys, _answer_rows(answer, len(keys), 0), step, relation.cols(), undone)
 
     async def _process_subquery(
@@ -170,15 +178,40 @@ class ViewChange:
         answer = await self._answer(step, keys, priority, stats, relation.columns)
         rows = list(_answer_rows(answer, len(keys), len(relation.columns)))
         result = extend(partial, step, keys, rows)
-        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, answer.watermark)
-        undone = total(concurrent) if concurrent else None
+        undone = await self._undone(unit, term, step, partial, answer.watermark, stats)
         if undone is not None:
             # Σ (partial ⋈ ΔR_k) = partial ⋈ Σ ΔR_k: one join, however many updates it undoes
             result.add_all(local_join(partial, step, undone, relation.cols()), -1)
-            stats.compensations += len(concurrent)
         if partners is not None:
             partners.update(outer_join.count_partners(keys, rows, self.plan.partner_step, relation.cols(), undone))
         return result
+
+    async def _undone(
+        self, unit: Unit, term: int, step: SweepStep, partial: ZSet | None, watermark: int, stats: ChangeStats
+    ) -> ZSet | None:
+        """The sum of the deltas of ``step``'s relation that an answer with ``watermark``
+        reflects and term ``term`` of ``unit`` must not (None: none): queued or numbered
+        ones from memory, spilled ones from the update log. Both are named at the instant
+        the answer arrived, before anything is read. Of the spilled ones only the rows that
+        join ``partial`` are kept (all with ``partial`` None), so a long spilled tail costs
+        reading, not memory."""
+        relation = self.plan.relations[step.relation]
+        concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, watermark)
+        spilled = self.protocol.spilled_range(relation.source, watermark)
+        stats.compensations += len(concurrent)
+        undone = total(concurrent) if concurrent else None
+        if spilled is None:
+            return undone
+        assert self.spill_log is not None, "updates were spilled without a log to read them from"
+        undone = undone if undone is not None else ZSet()
+        async for updates in self.spill_log.spilled(spilled):
+            deltas = [u.deltas[step.relation] for u in updates if step.relation in u.deltas]
+            stats.compensations += len(deltas)
+            stats.compensations_from_log += len(deltas)
+            if deltas:
+                read = total(deltas)
+                undone.add_all(read if partial is None else matching(partial, step, read, relation.cols()))
+        return undone or None
 
     async def _answer(
         self, step: SweepStep, keys: list[tuple], priority: float, stats: ChangeStats, select: tuple[str, ...]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from sqlalchemy import create_engine, event, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
 from sqlalchemy.orm import Session
 
@@ -350,10 +350,36 @@ class Catalog:
             q = q.order_by(LogRow.source, LogRow.seq)
             return [LogEntry(r.id, r.source, r.seq, r.changes, r.captured_at, r.received_at) for r in s.scalars(q)]
 
-    def held_seqs(self, source: str) -> list[int]:
-        """Every stored seq of a source, ascending (the receiver derives gaps from it)."""
+    def log_range(self, source: str, after_seq: int, through_seq: int, limit: int) -> list[LogEntry]:
+        """The first ``limit`` logged updates of ``source`` with ``after_seq < seq <=
+        through_seq``, in seq order: a chunk of a spilled queue (``warehouse.spill``)."""
         with Session(self.engine) as s:
-            return list(s.scalars(select(LogRow.seq).where(LogRow.source == source).order_by(LogRow.seq)))
+            q = (
+                select(LogRow)
+                .where(LogRow.source == source, LogRow.seq > after_seq, LogRow.seq <= through_seq)
+                .order_by(LogRow.seq)
+                .limit(limit)
+            )
+            return [LogEntry(r.id, r.source, r.seq, r.changes, r.captured_at, r.received_at) for r in s.scalars(q)]
+
+    def log_positions(self, source: str) -> tuple[int, dict[int, int]]:
+        """Where a source's log stands, for the receiver's cursor after a restart: the last
+        seq of its gapless prefix (seqs start at 1), and the seq -> log id of every stored
+        update after a gap. Reads two integers per update only when there is a gap."""
+        with Session(self.engine) as s:
+            count, last = s.execute(
+                select(func.count(LogRow.id), func.coalesce(func.max(LogRow.seq), 0)).where(LogRow.source == source)
+            ).one()
+            if count == last:
+                return int(last), {}
+            q = select(LogRow.seq, LogRow.id).where(LogRow.source == source).order_by(LogRow.seq)
+            through, held = 0, dict[int, int]()
+            for seq, log_id in s.execute(q):
+                if not held and seq == through + 1:
+                    through = seq
+                else:
+                    held[seq] = log_id
+            return through, held
 
     # -- maintenance units ---------------------------------------------------------------
     def start_unit(self, view: str, order: int, log_ids: Sequence[int]) -> None:

@@ -1,0 +1,128 @@
+"""The UMQ's spilled tail: what maintenance reads back from the durable update log.
+
+A view's queued updates past its memory budget stay in the update log only (the protocol's
+shelf, ``warehouse.protocol``). Two readers need them again, and neither holds them whole:
+
+* the MaintenanceManager takes the next chunk back into the UMQ when it runs low
+  (``SpillLog.read_back``), in arrival order;
+* an answer that reflects spilled updates subtracts them (``SpillLog.spilled``), a chunk
+  of the log at a time.
+
+The manager implements ``SpillLog`` over the catalog; the protocol decides what is read.
+
+Arrival order is release order: the receiver releases a source's updates in seq order, an
+update held behind a gap when the gap fills. So a source's chunk comes in seq order, and
+chunks of several sources merge by when each update could be released: the largest log id
+among its source's updates up to it (``release_order``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from warehouse.catalog.db import Catalog, CatalogCall, LogEntry
+from warehouse.protocol import SpilledRange, ViewUpdate
+
+READ_BACK_UPDATES = 500
+"""Updates one read of the shelf takes back into the UMQ at most."""
+
+SPILLED_CHUNK = 1000
+"""Log entries one step of a compensation from the log reads at most."""
+
+
+@dataclass(frozen=True)
+class LoggedEntry:
+    """One logged update of a source, as the read back sees it: ``update`` is None where
+    it holds nothing the view reads (it is passed over, not queued)."""
+
+    log_id: int
+    seq: int
+    update: ViewUpdate | None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A read of the shelf: the updates to queue, in arrival order; per source the last seq
+    read (updates the view does not read included); whether the log had no more."""
+
+    updates: list[ViewUpdate]
+    through: dict[str, int]
+    exhausted: bool
+
+
+class SpillLog(Protocol):
+    async def read_back(self, after: Mapping[str, int], most: int) -> Chunk:
+        """The first ``most`` updates after ``after[source]`` of each source, released and in
+        arrival order."""
+        ...
+
+    def spilled(self, spilled: SpilledRange) -> AsyncIterator[list[ViewUpdate]]:
+        """The view's updates of ``spilled``, in chunks of the log."""
+        ...
+
+
+def release_order(by_source: Mapping[str, Sequence[LoggedEntry]], most: int) -> Chunk:
+    """Merge each source's entries (in seq order, ``most`` at most per source, fewer if its
+    log had no more) into arrival order, and keep the first ``most``.
+
+    >>> def e(log_id, seq, name): return LoggedEntry(log_id, seq, ViewUpdate(log_id, name, seq, {}))
+    >>> chunk = release_order({"a": [e(5, 1, "a"), e(2, 2, "a")], "b": [e(3, 1, "b")]}, most=2)
+    >>> [(u.source, u.seq) for u in chunk.updates], chunk.through, chunk.exhausted
+    ([('b', 1), ('a', 1)], {'b': 1, 'a': 1}, False)
+
+    ``a``'s seq 2 was logged (id 2) before seq 1 (id 5) and held behind the gap: it was
+    released after seq 1, and comes after it.
+    """
+    keyed = []
+    for source, entries in by_source.items():
+        released = 0
+        run = []
+        for entry in entries:
+            released = max(released, entry.log_id)
+            run.append((released, entry.seq, source, entry))
+        keyed.append(run)
+    merged = list(heapq.merge(*keyed, key=lambda item: (item[0], item[2], item[1])))
+    exhausted = all(len(entries) < most for entries in by_source.values()) and len(merged) <= most
+    through: dict[str, int] = {}
+    updates = []
+    for _, seq, source, entry in merged[:most]:
+        through[source] = seq
+        if entry.update is not None:
+            updates.append(entry.update)
+    return Chunk(updates, through, exhausted)
+
+
+class CatalogSpillLog:
+    """``SpillLog`` over the catalog's update log, for one view: ``extract`` makes of a
+    logged update what the view received of it (None: nothing), ``released_through`` says
+    up to which seq a source's updates are released (later ones may sit behind a gap)."""
+
+    def __init__(
+        self,
+        db: CatalogCall,
+        extract: Callable[[LogEntry], ViewUpdate | None],
+        released_through: Callable[[str], int],
+    ) -> None:
+        self.db = db
+        self.extract = extract
+        self.released_through = released_through
+
+    async def read_back(self, after: Mapping[str, int], most: int) -> Chunk:
+        by_source: dict[str, list[LoggedEntry]] = {}
+        for source, seq in after.items():
+            released = self.released_through(source)
+            entries = await self.db(Catalog.log_range, source, seq, released, most) if released > seq else []
+            by_source[source] = [LoggedEntry(e.id, e.seq, self.extract(e)) for e in entries]
+        return release_order(by_source, most)
+
+    async def spilled(self, spilled: SpilledRange) -> AsyncIterator[list[ViewUpdate]]:
+        after = spilled.after
+        while after < spilled.through:
+            entries = await self.db(Catalog.log_range, spilled.source, after, spilled.through, SPILLED_CHUNK)
+            if not entries:
+                return
+            yield [update for e in entries if (update := self.extract(e)) is not None]
+            after = entries[-1].seq
