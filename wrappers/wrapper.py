@@ -62,6 +62,7 @@ from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.replica import RowChange
+from wrappers.shared_handshake import SharedHandshakes
 from wrappers.shipper import Shipper, fits_one_message
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
@@ -137,6 +138,7 @@ class Wrapper:
         self._lock = asyncio.Lock()  # shipping
         self._capture_lock = asyncio.Lock()  # seq assignment
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
+        self._handshakes = SharedHandshakes(self._lock, self._exact_snapshot_shipped)
         self._shipped_through = self.state.acked_through
         self._deleted_through = 0
         self._position_recorded_at = 0.0  # log capture: when a read last recorded a bare log position
@@ -331,14 +333,22 @@ class Wrapper:
         prepared = query.prepare(
             subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
         )
-        snapshot, watermark = await self._snapshot_shipped_through()
+        # one subquery evaluated at a time (q = 1): those that wait for a handshake together
+        # share the next one (wrappers/shared_handshake.py); with more, each takes its own
+        # snapshot, on a connection of its own, to be evaluated alongside the others
+        if self.config.max_concurrent_queries == 1:
+            shared, watermark = await self._handshakes.join()
+            snapshot, done = shared.snapshot, shared.close
+        else:
+            snapshot, watermark = await self._snapshot_shipped_through()
+            done = snapshot.close
         try:
             async with self._queries.admit(subquery.priority):
                 if self.config.query_delay_ms:
                     await asyncio.sleep(self.config.query_delay_ms / 1000)
                 rows = await snapshot.run(lambda conn: query.evaluate(conn, prepared))
         finally:
-            snapshot.close()
+            done()
         elapsed_ms = (time.perf_counter() - started) * 1000
         return SubqueryAnswer.model_construct(
             watermark=watermark, rows=rows, elapsed_ms=elapsed_ms
@@ -348,12 +358,16 @@ class Wrapper:
         """An exact snapshot and its watermark, with every update through the watermark shipped
         before the answer read in it can reach the manager (the handshake of invariant 3)."""
         async with self._lock:
-            snapshot, watermark = await self._exact_snapshot()
-            try:
-                await self._ship_pending()  # through at least the watermark
-            except BaseException:
-                snapshot.close()
-                raise
+            return await self._exact_snapshot_shipped()
+
+    async def _exact_snapshot_shipped(self) -> tuple[Snapshot, int]:
+        """The handshake itself (caller holds the ship lock)."""
+        snapshot, watermark = await self._exact_snapshot()
+        try:
+            await self._ship_pending()  # through at least the watermark
+        except BaseException:
+            snapshot.close()
+            raise
         return snapshot, watermark
 
     async def _exact_snapshot(self) -> tuple[Snapshot, int]:
