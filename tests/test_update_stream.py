@@ -117,6 +117,7 @@ async def test_the_manager_takes_a_stream_as_it_takes_json(env) -> None:
     c, wrapper = env.client, env.auth("wrapper_a")
     r = await c.post("/v1/updates", content=stream_body(updates_of(150)), headers={**wrapper, **STREAM})
     assert r.status_code == 200 and r.json() == {"through": 1, "held": []}, r.text
+    assert r.headers["accept-post"] == f"application/json, {UPDATE_STREAM_CONTENT_TYPE}"  # what it reads
     (entry,) = await env.manager.db(Catalog.log_entries, "a", 0)
     assert entry.changes == [{"relation": "R", "sign": 1, "row": {"k": i, "v": "x"}} for i in range(150)]
     # the same seq again as JSON: the same content, acknowledged and ignored; other content is 409

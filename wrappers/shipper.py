@@ -11,8 +11,8 @@ part included (a manager that restarted forgot the parts before it), starts the 
 from part 0, and the shipping position moves only with the acknowledgment of the last part.
 
 Each post's body is chosen by its size: a batch (or a part) of at least ``arrow_from``
-changes goes as an update stream (``contract.update_stream``: Arrow IPC, about a third of
-JSON's time for both sides at 10,000 changes, half the bytes), a smaller one as JSON, which
+changes goes as an update stream (``contract.update_stream``: Arrow IPC, a quarter to a
+third of JSON's time for both sides from 1,000 changes on, half the bytes), a smaller one as JSON, which
 is cheaper there. A manager that answers an update stream with 400 or 415 (one older than
 the stream, which reads every body as JSON) gets JSON from then on; ``encoding="json"``
 sends JSON from the start.
@@ -109,7 +109,7 @@ class Shipper:
         self.streams = encoding == "auto"
         """Whether posts of ``arrow_from`` changes or more go as update streams (until a
         manager refuses one)."""
-        self.arrow_from = ARROW_FROM_CHANGES if arrow_from is None else arrow_from  # tests lower the module's
+        self.arrow_from = ARROW_FROM_CHANGES if arrow_from is None else arrow_from  # read now: tests lower it
 
     async def send(self, updates: list[Update], last_seq: int) -> int:
         """Post ``updates`` (consecutive seqs) until the manager holds at least the first one.
