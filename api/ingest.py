@@ -20,6 +20,13 @@ The result holds what FastAPI would have made of the body (the same validation, 
 error locations), with two differences, both refusals of what the manager cannot use anyway:
 the body must be standard JSON (no ``NaN``/``Infinity`` literals), and a number must fit the
 wire's range: an integer in signed 64 bits, a float below ~1.8e308 (422 otherwise).
+
+A body of the update stream's media type (``contract.update_stream``, a wrapper's larger
+batches) is read on the same thread into the same ``PlainUpdate``s: the batch without its
+changes (the stream's ``pvm.batch``) is validated by the same model, the changes come out of
+the columns a slice at a time, and what is wrong is answered alike: 400 for a body that is not
+a whole Arrow stream, 422 naming the update, the change and its member for a stream that is
+not a valid batch, 415 for a version of the stream this manager does not read.
 """
 
 from __future__ import annotations
@@ -39,6 +46,14 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from contract.schemas import MAX_CHANGES_PER_UPDATE, Change, UpdateBatch
+from contract.update_stream import (
+    UPDATE_STREAM_CONTENT_TYPE,
+    UPDATE_STREAM_MEDIA_TYPE,
+    UPDATE_STREAM_VERSION,
+    UpdateStreamBroken,
+    UpdateStreamInvalid,
+    read_update_stream,
+)
 from contract.value_fit import INT64_MAX, INT64_MIN
 from warehouse.receiver import PlainUpdate
 
@@ -68,11 +83,37 @@ class BatchInvalid(Exception):
         self.problems = problems
 
 
-async def read_update_batch(body: bytes) -> IncomingBatch:
-    """The batch in a request's body, parsed on ``PARSER``: 400 for a body that is not JSON,
-    422 (RequestValidationError, FastAPI's own) for one that is not a valid batch."""
+ACCEPTED = f"application/json, {UPDATE_STREAM_CONTENT_TYPE}"
+"""The bodies ``POST /v1/updates`` takes (its ``Accept-Post`` header, and the 415's words)."""
+
+
+def is_update_stream(content_type: str | None) -> bool:
+    """Whether a request's ``Content-Type`` names the update stream (any other is read as
+    JSON, as it always was); HTTPException 415 for a version of it this manager does not read.
+
+    >>> is_update_stream("application/vnd.apache.arrow.stream; version=1"), is_update_stream("application/json")
+    (True, False)
+    """
+    media, _, parameters = (content_type or "").partition(";")
+    if media.strip().lower() != UPDATE_STREAM_MEDIA_TYPE:
+        return False
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "version" and value.strip().strip('"') != UPDATE_STREAM_VERSION:
+            raise HTTPException(
+                415,
+                f"update stream version {value.strip()[:20]!r}: this manager reads {ACCEPTED}",
+                headers={"Accept-Post": ACCEPTED},
+            )
+    return True
+
+
+async def read_update_batch(body: bytes, stream: bool = False) -> IncomingBatch:
+    """The batch in a request's body (an update stream if ``stream``, else JSON), parsed on
+    ``PARSER``: 400 for a body that is not JSON (or not a whole Arrow stream), 422
+    (RequestValidationError, FastAPI's own) for one that is not a valid batch."""
     try:
-        return await asyncio.get_running_loop().run_in_executor(PARSER, read_batch, body)
+        return await asyncio.get_running_loop().run_in_executor(PARSER, read_stream if stream else read_batch, body)
     except BatchInvalid as invalid:
         raise RequestValidationError(invalid.problems) from None
 
@@ -96,6 +137,86 @@ def read_batch(body: bytes) -> IncomingBatch:
     if problems:
         raise BatchInvalid(problems[:MAX_PROBLEMS])
     return IncomingBatch(skeleton.source, updates)
+
+
+def read_stream(body: bytes) -> IncomingBatch:
+    """The batch in an update stream (``contract.update_stream``); HTTPException 400 for a
+    body that is not a whole Arrow stream, BatchInvalid for one that is not a valid batch
+    (located as in a JSON body: ``body.updates.<i>.changes.<j>.sign``). Blocking: call it on
+    ``PARSER``."""
+    try:
+        stream = read_update_stream(body)
+    except UpdateStreamBroken as broken:
+        raise HTTPException(400, f"malformed Arrow update stream: {broken}") from None
+    except UpdateStreamInvalid as invalid:
+        raise BatchInvalid([_stream_problem(("body",), str(invalid))]) from None
+    document, counts, problems = _without_counts(stream.header)
+    skeleton, refused = _skeleton(document)
+    problems.extend(refused)
+    if skeleton is None or problems:
+        raise BatchInvalid(problems[:MAX_PROBLEMS])
+    try:
+        changes = stream.changes()
+    except UpdateStreamBroken as broken:
+        raise HTTPException(400, f"malformed Arrow update stream: {broken}") from None
+    except UpdateStreamInvalid as invalid:
+        raise BatchInvalid([_stream_problem(_change_location(counts, invalid), str(invalid))]) from None
+    declared = sum(counts)
+    if len(changes) < declared:
+        raise HTTPException(
+            400, f"malformed Arrow update stream: it ends after {len(changes)} changes, its updates declare {declared}"
+        )
+    if len(changes) > declared:
+        problem = f"the stream carries {len(changes)} changes, its updates declare {declared} (pvm.batch)"
+        raise BatchInvalid([_stream_problem(("body", "updates"), problem)])
+    updates, first = [], 0
+    for update, count in zip(skeleton.updates, counts, strict=True):
+        updates.append(
+            PlainUpdate(update.seq, changes[first : first + count], update.txid, update.captured_at, update.part)
+        )
+        first += count
+    return IncomingBatch(skeleton.source, updates)
+
+
+def _without_counts(header: Any) -> tuple[Any, list[int], list[dict[str, Any]]]:
+    """The stream's ``pvm.batch`` as the JSON batch it stands for, every update's count of
+    changes taken out (and its list of changes left empty, for ``_skeleton``); the counts,
+    and the problems with them."""
+    counts: list[int] = []
+    problems: list[dict[str, Any]] = []
+    if not (isinstance(header, dict) and isinstance(header.get("updates"), list)):
+        return header, counts, problems  # _skeleton says what is wrong
+    updates = []
+    for index, update in enumerate(header["updates"]):
+        if isinstance(update, dict):
+            count = update.get("changes")
+            loc = ("body", "updates", index, "changes")
+            if type(count) is not int or count < 0:
+                problems.append(_stream_problem(loc, "the number of the update's changes, an integer from 0"))
+            elif count > MAX_CHANGES_PER_UPDATE:
+                message = f"List should have at most {MAX_CHANGES_PER_UPDATE} items, not {count}"
+                problems.append({"loc": loc, "msg": message, "type": "too_long"})
+            counts.append(count if type(count) is int else 0)
+            update = {**update, "changes": []}
+        updates.append(update)
+    return {**header, "updates": updates}, counts, problems
+
+
+def _change_location(counts: list[int], invalid: UpdateStreamInvalid) -> tuple[Any, ...]:
+    """Where a stream's problem lies, as in a JSON body: the update and change of the
+    change at fault, found by its index among all the stream's changes."""
+    if invalid.change is None:
+        return ("body",)
+    index = invalid.change
+    for update, count in enumerate(counts):
+        if index < count:
+            return ("body", "updates", update, "changes", index, *invalid.field)
+        index -= count
+    return ("body", "updates")  # beyond the changes declared: the count is the problem
+
+
+def _stream_problem(loc: tuple[Any, ...], message: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": message, "type": "update_stream"}
 
 
 class _Reader:
@@ -241,7 +362,18 @@ def _empty(updates: list[PlainUpdate]) -> None:
 BODY_DOCS = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/UpdateBatch"}}},
+        "description": "An `UpdateBatch` as JSON, or (from about 100 changes on) as an update stream: one Arrow "
+        f"IPC stream, `Content-Type: {UPDATE_STREAM_CONTENT_TYPE}`, its schema metadata `pvm.updates` (the "
+        "version, `1`) and `pvm.batch` (the batch without its changes, each update's `changes` their number), "
+        "its fields `sign` (int8) and `row` (a dense union of one struct per relation and columns); see docs/api.md, "
+        "Shipping updates.",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/UpdateBatch"}},
+            UPDATE_STREAM_MEDIA_TYPE: {
+                "schema": {"type": "string", "format": "binary"},
+                "example": "(an Arrow IPC stream: contract/update_stream.py)",
+            },
+        },
     }
 }
 """The OpenAPI ``requestBody`` of a route that reads an ``UpdateBatch`` with ``read_update_batch``."""
@@ -266,6 +398,7 @@ def document_update_batch(app: FastAPI) -> None:
 
 
 __all__ = [
+    "ACCEPTED",
     "BODY_DOCS",
     "PARSER",
     "BatchInvalid",
@@ -273,6 +406,8 @@ __all__ = [
     "collector_paused",
     "document_update_batch",
     "drop",
+    "is_update_stream",
     "read_batch",
+    "read_stream",
     "read_update_batch",
 ]

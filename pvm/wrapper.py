@@ -221,6 +221,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a row holding a larger value (text in UTF-8 bytes) is left out of the views and counted as quarantined "
         f"(default: {DEFAULT_MAX_VALUE_BYTES}, 16 MiB)",
     )
+    run_p.add_argument(
+        "--update-encoding",
+        choices=("auto", "json"),  # wrappers.shipper.UPDATE_ENCODINGS, without importing pyarrow for --help
+        default="auto",
+        help="how updates are posted to the manager: auto, batches of 100 changes or more as an Arrow update stream "
+        "and smaller ones as JSON (JSON from the first refusal of a stream by a manager that does not read it); "
+        "json, always JSON (default: auto)",
+    )
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
     run_p.add_argument(
@@ -422,6 +430,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_concurrent_queries=args.max_concurrent_queries,
         capture=capture,
         max_value_bytes=args.max_value_bytes,
+        update_encoding=args.update_encoding,
     )
     try:
         wrapper = Wrapper(config)

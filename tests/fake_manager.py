@@ -5,7 +5,8 @@ the acknowledgment covers the contiguous prefix and lists held seqs above a gap.
 refuse posts with 503 (``fail_posts`` next posts, or all while ``down``) and records every
 post, accepted or not, so tests can check what was sent and how often. An update in parts
 is put together as the receiver does (in order from part 0, which starts it afresh; 409
-otherwise) and stored whole with its last part.
+otherwise) and stored whole with its last part. It reads a batch as JSON or as an update
+stream (``contract.update_stream``), as the manager does, and records which (``streams``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pydantic
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from api.ingest import BatchInvalid, is_update_stream, read_stream
 from contract.schemas import Ack, Update, UpdateBatch
 from pvm.http_server import http_url, listen
 
@@ -27,6 +30,7 @@ class FakeManager:
         self.fail_posts = fail_posts
         self.down = False
         self.posts: list[UpdateBatch] = []
+        self.streams = 0  # posts that came as update streams
         self.conflicts: list[tuple[int, Update, Update]] = []
         self._updates: dict[str, dict[int, Update]] = {}
         self._parts: dict[str, list[Update]] = {}  # per source: the parts of an unfinished update
@@ -40,11 +44,17 @@ class FakeManager:
         app = FastAPI()
 
         @app.post("/v1/updates", response_model=Ack)
-        async def receive(batch: UpdateBatch, request: Request) -> Ack | JSONResponse:
+        async def receive(request: Request) -> Ack | JSONResponse:
+            stream = is_update_stream(request.headers.get("content-type"))
+            try:
+                batch = _batch(await request.body(), stream)
+            except (pydantic.ValidationError, BatchInvalid) as exc:
+                return JSONResponse({"detail": str(exc)}, status_code=422)
             if self.token is not None and request.headers.get("authorization") != f"Bearer {self.token}":
                 return JSONResponse({"detail": "bad token"}, status_code=401)
             with self._lock:
                 self.posts.append(batch)
+                self.streams += stream
                 if self.down or self.fail_posts > 0:
                     self.fail_posts = max(0, self.fail_posts - 1)
                     return JSONResponse({"detail": "unavailable"}, status_code=503)
@@ -130,3 +140,15 @@ class FakeManager:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _batch(body: bytes, stream: bool) -> UpdateBatch:
+    """The batch in a post's body, as models (ValidationError if it is not one)."""
+    if not stream:
+        return UpdateBatch.model_validate_json(body)
+    incoming = read_stream(body)
+    updates = [
+        {"seq": u.seq, "changes": u.changes, "txid": u.txid, "captured_at": u.captured_at, "part": u.part}
+        for u in incoming.updates
+    ]
+    return UpdateBatch.model_validate({"source": incoming.source, "updates": updates})

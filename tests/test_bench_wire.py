@@ -11,7 +11,7 @@ from pvm.cli import main
 
 def test_bench_wire_times_both_formats_and_checks_the_rows(tmp_path, capsys) -> None:
     out = tmp_path / "wire.json"
-    assert main(["bench", "wire", "--rows", "1,40", "--repeat", "2", "--json", str(out)]) == 0
+    assert main(["bench", "wire", "--rows", "1,40", "--repeat", "2", "--ship", "150", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     assert [r["rows"] for r in figures["runs"]] == [1, 40]
@@ -24,7 +24,12 @@ def test_bench_wire_times_both_formats_and_checks_the_rows(tmp_path, capsys) -> 
     # a message of 40 rows is larger than one of 1, in both formats
     small, large = figures["runs"]
     assert all(large[m][f]["bytes"] > small[m][f]["bytes"] for m in MESSAGES for f in ("json", "arrow"))
-    assert "Arrow/JSON" in capsys.readouterr().out
+    (shipped,) = figures["shipped"]  # one update of 150 changes, shipped to a manager both ways
+    assert shipped["changes"] == 150 and shipped["stream"]["stream"] and not shipped["json"]["stream"]
+    assert shipped["stream"]["bytes"] < shipped["json"]["bytes"]
+    assert shipped["stream_over_json"] == round(shipped["stream"]["seconds"] / shipped["json"]["seconds"], 3)
+    out = capsys.readouterr().out
+    assert "Arrow/JSON" in out and "stream/JSON" in out
 
 
 def test_the_rows_are_every_kind_of_value_a_source_hands_out() -> None:
@@ -35,5 +40,7 @@ def test_the_rows_are_every_kind_of_value_a_source_hands_out() -> None:
 def test_bad_sizes_are_refused(capsys) -> None:
     assert main(["bench", "wire", "--rows", "ten"]) == 2
     assert main(["bench", "wire", "--repeat", "0"]) == 2
+    assert main(["bench", "wire", "--ship", "0"]) == 2
     err = capsys.readouterr().err
     assert "--rows takes comma-separated row counts, not 'ten'" in err and "--repeat must be at least 1" in err
+    assert "--ship takes comma-separated change counts (at least 1) or 'none', not '0'" in err

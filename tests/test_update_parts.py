@@ -164,7 +164,14 @@ def assert_transactions_whole(log: list[LogEntry], initial: dict[tuple[str, str]
         assert whole_batches(contents), f"the source state after seq {entry.seq} has a batch in part"
 
 
-async def test_a_transaction_larger_than_a_part_is_one_update_and_never_seen_in_part(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoding", ["json", "stream"])
+async def test_a_transaction_larger_than_a_part_is_one_update_and_never_seen_in_part(
+    tmp_path: Path, encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As JSON bodies, and as update streams (every post one: the wrapper's threshold lowered)."""
+    streams = streams_read(monkeypatch)
+    if encoding == "stream":
+        monkeypatch.setattr(shipper, "ARROW_FROM_CHANGES", 1)
     path = tmp_path / "sa.db"
     make_source(path)
     initial = read_live(path)
@@ -187,6 +194,21 @@ async def test_a_transaction_larger_than_a_part_is_one_update_and_never_seen_in_
             assert await check_states(deployment, initial) == deployment.manager.watermark("v") > 1
             final = deployment.manager.read("v")
             assert final == recompute(deployment.manager.view("v").plan, read_live(path), COLUMNS)
+    assert (len(streams) >= len(log)) if encoding == "stream" else not streams
+
+
+def streams_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bodies the manager reads as update streams, by size."""
+    import api.ingest as ingest
+
+    read, sizes = ingest.read_stream, []
+
+    def counting(body: bytes) -> Any:
+        sizes.append(len(body))
+        return read(body)
+
+    monkeypatch.setattr(ingest, "read_stream", counting)
+    return sizes
 
 
 async def until_shipped(deployment: LocalDeployment, wrapper: Wrapper, timeout: float = 30.0) -> None:
@@ -213,7 +235,7 @@ async def test_parts_are_resent_from_the_first_after_a_manager_restart(
     second_part_taken, restarted = asyncio.Event(), asyncio.Event()
     post = shipper.Shipper._acknowledgment
 
-    async def acknowledgment(self: shipper.Shipper, body: str, last_seq: int) -> Any:
+    async def acknowledgment(self: shipper.Shipper, body: shipper.Body, last_seq: int) -> Any:
         """The wrapper's posts, held after the first acknowledged part 1 until the manager restarted."""
         try:
             ack = await post(self, body, last_seq)
@@ -221,7 +243,7 @@ async def test_parts_are_resent_from_the_first_after_a_manager_restart(
             status = re.match(r"HTTP (\d+)", str(error))
             answers.append((0, int(status.group(1)) if status else 0))
             raise
-        if '"part":{"index":1' in body and not second_part_taken.is_set():
+        if b'"part":{"index":1' in body.content and not second_part_taken.is_set():
             second_part_taken.set()
             await restarted.wait()
         answers.append((ack.parts or 0, 200))
@@ -387,9 +409,9 @@ async def test_a_wrapper_that_restarts_mid_update_resends_it_from_the_first_part
     stuck = asyncio.Event()  # set once the first wrapper hangs after part 1: it is stopped there
     post = shipper.Shipper._acknowledgment
 
-    async def acknowledgment(self: shipper.Shipper, body: str, last_seq: int) -> Any:
+    async def acknowledgment(self: shipper.Shipper, body: shipper.Body, last_seq: int) -> Any:
         ack = await post(self, body, last_seq)
-        if '"part":{"index":1' in body and not stuck.is_set():
+        if b'"part":{"index":1' in body.content and not stuck.is_set():
             stuck.set()
             await asyncio.Event().wait()  # never: the wrapper is stopped here
         return ack

@@ -99,6 +99,7 @@ class WrapperConfig:
     updates_per_post: int = MAX_UPDATES_PER_POST
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    update_encoding: str = "auto"  # wrappers.shipper.UPDATE_ENCODINGS
 
 
 class Wrapper:
@@ -152,7 +153,13 @@ class Wrapper:
     async def start(self) -> None:
         """Start shipping: pending updates from an earlier run go first, with their seqs."""
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
-        self._shipper = Shipper(self.config.source, self.config.manager_url, self._client, self.config.token)
+        self._shipper = Shipper(
+            self.config.source,
+            self.config.manager_url,
+            self._client,
+            self.config.token,
+            encoding=self.config.update_encoding,
+        )
         self._poller = asyncio.create_task(
             self._forever(self.ship_once, "capturing and shipping"), name=f"pvm-wrapper-{self.config.source}"
         )

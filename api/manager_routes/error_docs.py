@@ -16,6 +16,10 @@ ERROR_EXAMPLES = {
     404: ("unknown name", "unknown view 'nope'"),
     409: ("conflicts with what exists", "view 'big_orders' already exists"),
     413: ("request body too large", "request body larger than 1048576 bytes"),
+    415: (
+        "a body of a media type or version the route does not read",
+        "update stream version '2': this manager reads application/json, application/vnd.apache.arrow.stream; version=1",
+    ),
     422: ("invalid request", "unsupported SQL: aggregates are not supported (COUNT)"),
     429: (
         "too many failed authentication attempts from this address",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 
 from api.auth import Principal, require_source
-from api.ingest import BODY_DOCS, collector_paused, drop, read_update_batch
+from api.ingest import ACCEPTED, BODY_DOCS, collector_paused, drop, is_update_stream, read_update_batch
 from api.manager_routes.error_docs import AUTH, errors
 from api.manager_routes.roles import WRAPPER
 from contract.schemas import Ack
@@ -27,17 +27,21 @@ def router_for(manager: Manager) -> APIRouter:
         "`through` (422). An update larger than one message travels in parts of its one seq (`part`: "
         "`{index, last}`, each alone in its batch, in order); it is logged and released whole with its last part, "
         "and the answer to an earlier part counts the parts held (`parts`); a part out of order or of a complete "
-        "seq is 409, too many changes held unfinished 413. Needs the wrapper token of `source` (or an admin token).",
+        "seq is 409, too many changes held unfinished 413. The body is JSON, or an update stream (Arrow IPC, "
+        "`application/vnd.apache.arrow.stream; version=1`) carrying the same batch: a version of the stream this "
+        "manager does not read is 415; the answer's `Accept-Post` header lists what it reads. Needs the wrapper token of `source` (or an admin token).",
         responses={
             200: {"content": {"application/json": {"example": {"through": 42, "held": []}}}},
-            **errors(400, *AUTH, 409, 413, 422),
+            **errors(400, *AUTH, 409, 413, 415, 422),
         },
         openapi_extra=BODY_DOCS,
     )
-    async def post_updates(request: Request, principal: Principal = Depends(WRAPPER)) -> Ack:
+    async def post_updates(request: Request, response: Response, principal: Principal = Depends(WRAPPER)) -> Ack:
+        response.headers["Accept-Post"] = ACCEPTED  # the bodies this manager reads: JSON, update streams
+        stream = is_update_stream(request.headers.get("content-type"))  # 415 before the body is read
         body = await request.body()  # read once the token is checked; parsed off the event loop (api/ingest.py)
         with collector_paused(len(body)):
-            batch = await read_update_batch(body)
+            batch = await read_update_batch(body, stream)
             try:
                 require_source(principal, batch.source)
                 return await manager.receive(batch.source, batch.updates)
