@@ -17,7 +17,8 @@ from pvm.bench import capture
 from pvm.bench.capture import MARIADB_URL, PG_URL
 from pvm.cli import main as pvm_main
 
-WRITE_COST_KEYS = {"seconds", "transactions_per_second", "ratio_to_none"}
+WRITE_COST_KEYS = {"seconds", "transactions_per_second", "ratio_to_none", "spread"}
+WAL_KEYS = {"wal_bytes", "wal_bytes_per_transaction"}  # PostgreSQL only
 RUN_KEYS = {
     "capture",
     "source_transactions_committed",
@@ -73,16 +74,29 @@ def leftovers(names: list[str]) -> list[str]:
     return found + sorted(databases & set(names))
 
 
-def check_write_cost(cost: dict, methods: list[str], rounds: int) -> None:
-    assert set(cost) == WRITE_COST_KEYS
+def check_write_cost(cost: dict, methods: list[str], rounds: int, *, wal: bool) -> None:
+    assert set(cost) == WRITE_COST_KEYS | (WAL_KEYS if wal else set())
     assert set(cost["seconds"]) == set(cost["transactions_per_second"]) == {"none", *methods}
     assert set(cost["ratio_to_none"]) == set(methods)
+    spread = cost["spread"]
     for mode, seconds in cost["seconds"].items():
         assert len(seconds) == rounds and all(positive(s) for s in seconds), mode
         assert math.isclose(cost["transactions_per_second"][mode], 12 / statistics.median(seconds)), mode
+        rates = spread["transactions_per_second"][mode]
+        assert math.isclose(rates["min"], 12 / max(seconds)) and math.isclose(rates["max"], 12 / min(seconds)), mode
+        assert rates["min"] <= rates["median"] <= rates["max"], mode
     for method in methods:
         expected = statistics.median(cost["seconds"][method]) / statistics.median(cost["seconds"]["none"])
         assert math.isclose(cost["ratio_to_none"][method], expected), method
+        in_round = [m / n for m, n in zip(cost["seconds"][method], cost["seconds"]["none"])]
+        ratios = spread["ratio_in_round"][method]
+        assert math.isclose(ratios["min"], min(in_round)) and math.isclose(ratios["max"], max(in_round)), method
+        assert math.isclose(ratios["median"], statistics.median(in_round)), method
+    if wal:
+        assert set(cost["wal_bytes"]) == set(cost["wal_bytes_per_transaction"]) == {"none", *methods}
+        for mode, written in cost["wal_bytes"].items():
+            assert len(written) == rounds and all(w > 0 for w in written), mode
+            assert math.isclose(cost["wal_bytes_per_transaction"][mode], statistics.median(written) / 12), mode
 
 
 @pytest.mark.servers
@@ -97,6 +111,7 @@ def test_bench_capture_measures_both_methods_side_by_side(
     assert pvm_main(argv) == 0
     printed = capsys.readouterr().out
     assert "trigger/none" in printed and "log/none" in printed and "freshness log/trigger" in printed
+    assert "in a round" in printed and "WAL bytes per transaction" in printed
     assert "restarted while the writers ran: wrappers pg, my (SIGKILL), then the manager (1)" in printed
     assert f"wrote {out} and {out.with_suffix('.png')}" in printed
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
@@ -105,8 +120,8 @@ def test_bench_capture_measures_both_methods_side_by_side(
     assert set(results) == {"settings", "write_cost", "freshness"}
     assert results["settings"]["method"] == "both" and results["settings"]["rounds"] == "2"
     assert set(results["write_cost"]) == {"postgresql", "mariadb"}
-    for cost in results["write_cost"].values():
-        check_write_cost(cost, ["trigger", "log"], rounds=2)
+    for name, cost in results["write_cost"].items():
+        check_write_cost(cost, ["trigger", "log"], rounds=2, wal=name == "postgresql")
 
     fresh = results["freshness"]
     assert set(fresh) == {"runs", "ratio_log_to_trigger", "with_restarts"}
@@ -146,8 +161,8 @@ def test_bench_capture_restricted_to_one_method(
     assert "log/none" in printed and "trigger/none" not in printed
     results = json.loads(out.read_text())
     assert results["settings"]["method"] == "log" and set(results) == {"settings", "write_cost"}
-    for cost in results["write_cost"].values():
-        check_write_cost(cost, ["log"], rounds=1)
+    for name, cost in results["write_cost"].items():
+        check_write_cost(cost, ["log"], rounds=1, wal=name == "postgresql")
     assert len(scratch_names) == 1 and leftovers(scratch_names) == []
 
 

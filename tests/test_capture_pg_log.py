@@ -7,11 +7,13 @@ The wrapper end to end (handshake under concurrent writers, crash and outage) ru
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +21,13 @@ import sqlalchemy as sa
 
 from pvm.cli import main as pvm_main
 from tests.capture_support import PG_ADMIN, fetch, pg_log_slot, pg_schema_url, run_sql
+from tests.fake_manager import FakeManager
 from wrappers.capture import CaptureConfig, install_log, pg_log, postgresql, uninstall_log
-from wrappers.capture.log import LogRead, SnapshotRace
+from wrappers.capture.log import IDLE_POLL_MAX_SECONDS, LogRead, SnapshotRace
 from wrappers.capture.pg_log import PgLog, PgSnapshot, check_server
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema
+from wrappers.wrapper import Wrapper, WrapperConfig
 
 pytestmark = pytest.mark.servers
 LOG = CaptureConfig("log")
@@ -334,3 +338,42 @@ def test_the_command_line_installs_and_releases_a_slot(pg_log_url: str, capsys: 
     assert "invalid slot name 'Bad-Name'" in capsys.readouterr().err
     assert pvm_main(["wrapper", "install", "--url", url, "--tables", "r", "--slot", "pvm_x"]) == 2
     assert "a replication slot belongs to log capture" in capsys.readouterr().err
+
+
+def test_polls_of_a_quiet_log_are_spaced_out_and_a_change_still_ships(pg_log_url: str, tmp_path: Path) -> None:
+    """While polls find nothing the wrapper reads the slot ever less often (``PollPacing``),
+    up to ``IDLE_POLL_MAX_SECONDS`` apart; the first change after the quiet spell ships."""
+    url = pg_log_url
+    run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY)")
+
+    async def scenario(manager: FakeManager) -> tuple[int, float]:
+        config = WrapperConfig(
+            "pg", url, ("r",), manager.url, state_dir=tmp_path / "state", poll_interval=0.01, capture=LOG
+        )
+        wrapper = Wrapper(config)
+        reads: list[float] = []
+        capture_now = wrapper._capture_now
+
+        def counted() -> None:
+            reads.append(time.monotonic())
+            capture_now()
+
+        wrapper._capture_now = counted  # type: ignore[method-assign]
+        await wrapper.start()
+        try:
+            await asyncio.sleep(1.5)  # quiet: 150 poll intervals
+            quiet_reads = len(reads)
+            await asyncio.to_thread(run_sql, url, "INSERT INTO r VALUES (1)")
+            committed = time.monotonic()
+            while manager.through("pg") < 1:
+                assert time.monotonic() - committed < 10, "the change was never shipped"
+                await asyncio.sleep(0.005)
+            return quiet_reads, time.monotonic() - committed
+        finally:
+            await wrapper.stop()
+
+    with FakeManager() as manager:
+        quiet_reads, shipped_after = asyncio.run(scenario(manager))
+        assert [c.row for u in manager.updates("pg") for c in u.changes] == [{"id": 1}]
+    assert quiet_reads <= 20, quiet_reads  # 4 at the poll interval, then 0.02, 0.04, ... 0.4 s apart
+    assert shipped_after < IDLE_POLL_MAX_SECONDS + 1.0, shipped_after

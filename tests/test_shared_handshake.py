@@ -18,16 +18,20 @@ class Snap:
 
 
 class Handshakes:
-    """A handshake that takes a numbered snapshot and waits until released."""
+    """A handshake that takes a numbered snapshot under ``lock`` (the capture lock) and
+    waits until released before it returns it (shipping)."""
 
     def __init__(self) -> None:
         self.taken: list[Snap] = []
         self.gate = asyncio.Event()
         self.fail: BaseException | None = None
+        self.lock = asyncio.Lock()
 
-    async def __call__(self) -> tuple[Snap, int]:
-        snap = Snap(len(self.taken) + 1)
-        self.taken.append(snap)
+    async def __call__(self, cutoff) -> tuple[Snap, int]:
+        async with self.lock:
+            cutoff()
+            snap = Snap(len(self.taken) + 1)
+            self.taken.append(snap)
         await self.gate.wait()
         if self.fail is not None:
             raise self.fail
@@ -41,12 +45,12 @@ async def settle() -> None:
 
 async def test_arrivals_during_a_handshake_share_the_next_one_and_the_last_closes_it() -> None:
     handshake = Handshakes()
-    groups = SharedHandshakes(asyncio.Lock(), handshake)
+    groups = SharedHandshakes(handshake)
     first = asyncio.create_task(groups.join())
     await settle()  # the first handshake has taken its snapshot: later arrivals wait for the next
     later = [asyncio.create_task(groups.join()) for _ in range(3)]
     await settle()
-    assert len(handshake.taken) == 1
+    assert len(handshake.taken) == 2  # the next one took its snapshot while the first ships
     handshake.gate.set()
     (held, watermark), *rest = await asyncio.gather(first, *later)
     assert watermark == 1 and {w for _, w in rest} == {2}  # the three shared snapshot 2
@@ -64,7 +68,7 @@ async def test_arrivals_during_a_handshake_share_the_next_one_and_the_last_close
 
 async def test_a_failed_handshake_fails_every_member_and_the_next_group_starts_afresh() -> None:
     handshake = Handshakes()
-    groups = SharedHandshakes(asyncio.Lock(), handshake)
+    groups = SharedHandshakes(handshake)
     handshake.fail = ConnectionError("the manager is gone")
     members = [asyncio.create_task(groups.join()) for _ in range(3)]
     await settle()
@@ -80,7 +84,7 @@ async def test_a_failed_handshake_fails_every_member_and_the_next_group_starts_a
 
 async def test_members_that_give_up_before_the_snapshot_leave_it_closed() -> None:
     handshake = Handshakes()
-    groups = SharedHandshakes(asyncio.Lock(), handshake)
+    groups = SharedHandshakes(handshake)
     members = [asyncio.create_task(groups.join()) for _ in range(2)]
     await settle()
     for member in members:
@@ -91,15 +95,20 @@ async def test_members_that_give_up_before_the_snapshot_leave_it_closed() -> Non
     assert handshake.taken[0].closed == 1  # nobody holds it: closed once it is taken
 
 
-async def test_the_handshake_runs_under_the_ship_lock() -> None:
-    lock = asyncio.Lock()
+async def test_a_group_closes_when_its_handshake_holds_the_capture_lock() -> None:
+    """Arrivals while a handshake waits for the capture lock (a poll holds it) join that
+    handshake; the snapshot comes after all of them."""
     handshake = Handshakes()
     handshake.gate.set()
-    groups = SharedHandshakes(lock, handshake)
-    async with lock:  # a poll ships
-        member = asyncio.create_task(groups.join())
+    groups = SharedHandshakes(handshake)
+    async with handshake.lock:  # a poll captures
+        members = [asyncio.create_task(groups.join())]
+        await settle()
+        members.append(asyncio.create_task(groups.join()))
         await settle()
         assert handshake.taken == []
-    held, _ = await member
-    held.close()
-    assert len(handshake.taken) == 1
+    joined = await asyncio.gather(*members)
+    assert [w for _, w in joined] == [1, 1] and len(handshake.taken) == 1
+    for held, _ in joined:
+        held.close()
+    assert handshake.taken[0].closed == 1

@@ -1,10 +1,11 @@
 """Subqueries that wait for the handshake together share the next one.
 
 A subquery's handshake (an exact snapshot, then every update through its watermark shipped
-and acknowledged: docs/design.md, invariant 3) holds the wrapper's ship lock, so a wrapper
-runs one at a time. Under a steady write load each takes a snapshot, a capture and a round
-trip to the manager, and subqueries queue behind one another's handshakes, however cheap
-their own SQL: the ship lock, not the database, limits how many subqueries a source answers.
+and acknowledged: docs/design.md, invariant 3) takes its snapshot under the wrapper's
+capture lock, so a wrapper takes one at a time. Under a steady write load each takes a
+snapshot, a capture and often a round trip to the manager, and subqueries queue behind one
+another's handshakes, however cheap their own SQL: the handshake, not the database, limits
+how many subqueries a source answers.
 
 So every subquery that arrives while a handshake runs joins the next one, and that one
 serves them all: one snapshot, one capture, one shipment. Each then evaluates in the
@@ -13,16 +14,19 @@ subquery at a time by default: q = 1), and the last one to finish closes it.
 
 Why a shared snapshot is exact for every member: a subquery may be answered in any snapshot
 taken after it arrived, because every update the manager had when it asked was captured,
-and so committed and visible, before that. A group's snapshot is taken only once its lock
-is acquired, after every member joined; who arrives after that joins the group behind it.
+and so committed and visible, before that. A handshake closes its group when it holds the
+capture lock, just before its snapshot (``cutoff``), so every member joined before the
+snapshot; who arrives after that joins the group behind it, whose handshake waits for the
+lock meanwhile (and may take its snapshot while the one before still ships).
 
 >>> async def demo():
 ...     taken = []
-...     async def handshake():
+...     async def handshake(cutoff):
+...         cutoff()
 ...         taken.append("snapshot")
 ...         await asyncio.sleep(0.01)
 ...         return Closing(), len(taken)
-...     groups = SharedHandshakes(asyncio.Lock(), handshake)
+...     groups = SharedHandshakes(handshake)
 ...     joined = await asyncio.gather(*(groups.join() for _ in range(5)))
 ...     for shared, _ in joined:
 ...         shared.close()
@@ -75,12 +79,11 @@ class Shared(Generic[S]):
 
 
 class SharedHandshakes(Generic[S]):
-    """Groups the handshakes of subqueries: ``join`` returns the snapshot a handshake under
-    ``lock`` took (``handshake()``: the snapshot and its watermark), shared with every
-    subquery that joined before that handshake took the lock."""
+    """Groups the handshakes of subqueries: ``join`` returns the snapshot and watermark of a
+    ``handshake(cutoff)``, shared with every subquery that joined before the handshake
+    called ``cutoff`` (just before it takes its snapshot)."""
 
-    def __init__(self, lock: asyncio.Lock, handshake: Callable[[], Awaitable[tuple[S, int]]]) -> None:
-        self._lock = lock
+    def __init__(self, handshake: Callable[[Callable[[], None]], Awaitable[tuple[S, int]]]) -> None:
         self._handshake = handshake
         self._forming: _Group[S] | None = None  # the group new subqueries join
         self._running: set[asyncio.Task[None]] = set()
@@ -104,11 +107,12 @@ class SharedHandshakes(Generic[S]):
         return Shared(self, group, snapshot), watermark
 
     async def _run(self, group: _Group[S]) -> None:
+        def cutoff() -> None:
+            if self._forming is group:
+                self._forming = None  # from here on, arrivals wait for the next handshake
+
         try:
-            async with self._lock:
-                if self._forming is group:
-                    self._forming = None  # from here on, arrivals wait for the next handshake
-                result = await self._handshake()
+            result = await self._handshake(cutoff)
         except asyncio.CancelledError:
             self._abandon(group)
             group.result.cancel()

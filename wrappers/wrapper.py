@@ -2,13 +2,16 @@
 
 The capture lock serializes everything that assigns seqs: a poll's capture, a pull's
 capture, a subquery's snapshot and capture, an Interest change. The ship lock makes the
-ship loop and the subqueries ship one at a time. That is what makes invariant 3 hold
-(docs/design.md): a subquery opens its snapshot and captures under the capture lock, so every
-change captured earlier is visible in it, every change visible in it gets a seq <= its
-watermark, and every seq assigned later is above it; it then ships until all of them are
-acknowledged. An Interest change takes only the capture lock: it needs seqs, not
-acknowledgments, so it never waits for a manager that is not taking updates (one that is
-still starting, say).
+ship loop and the subqueries ship one at a time; no capture is made under it, and the two
+are never held together except to delete acknowledged outbox rows (ship lock, then
+capture lock). That is what makes invariant 3 hold (docs/design.md): a subquery opens its
+snapshot and captures under the capture lock, so every change captured earlier is visible
+in it, every change visible in it gets a seq <= its watermark, and every seq assigned later
+is above it; it then ships, under the ship lock, until all of them are acknowledged (unless
+other shipping already had them acknowledged). So one subquery's read can run while
+another subquery or a poll ships. An Interest change takes only the capture lock: it needs
+seqs, not acknowledgments, so it never waits for a manager that is not taking updates (one
+that is still starting, say).
 
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
@@ -20,8 +23,10 @@ log is confirmed to the server, under the capture lock, only through acknowledge
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
-Two loops run. The ship loop captures, ships everything pending (retrying for as long as
-the manager is down, holding the ship lock) and deletes acknowledged changes. The pull
+Two loops run. The ship loop captures (log capture: less often while the log holds
+nothing new for the captured tables, ``capture.log.PollPacing``), ships everything pending
+(retrying for as long as the manager is down, holding the ship lock) and deletes
+acknowledged changes. The pull
 loop polls a timestamp or snapshot source into the replica (``capture.pull``) and, when
 the pull applied anything, captures the replica's new changes under the capture lock alone, so pulling and seq
 assignment go on while shipping waits for a manager that is down: the pending updates
@@ -56,7 +61,7 @@ from wrappers import query, relation_stream
 from wrappers.capture import Capture, CaptureConfig, open_capture
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import reason
-from wrappers.capture.log import LogTransaction, SnapshotRace
+from wrappers.capture.log import LogTransaction, PollPacing, SnapshotRace
 from wrappers.errors import InvalidRequest, WrapperError, masked_url
 from wrappers.interest import ChangeFilter
 from wrappers.priority import PriorityLimiter
@@ -139,10 +144,11 @@ class Wrapper:
         self._lock = asyncio.Lock()  # shipping
         self._capture_lock = asyncio.Lock()  # seq assignment
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
-        self._handshakes = SharedHandshakes(self._lock, self._exact_snapshot_shipped)
+        self._handshakes = SharedHandshakes(self._snapshot_shipped_through)
         self._shipped_through = self.state.acked_through
         self._deleted_through = 0
         self._position_recorded_at = 0.0  # log capture: when a read last recorded a bare log position
+        self._log_pacing = PollPacing(config.poll_interval)  # log capture: when the next poll reads the log
         self._client: httpx.AsyncClient | None = None
         self._shipper: Shipper | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -184,12 +190,14 @@ class Wrapper:
 
     # -- SendUpdates -------------------------------------------------------------------------
     async def ship_once(self) -> None:
-        """Capture what committed since the last poll, ship everything pending, then delete
-        acknowledged changes from the outbox (log capture: confirm them to the server, after
-        the ship lock is released). While the manager is down this waits (holding the ship
-        lock) until it takes the updates."""
-        async with self._lock:
+        """Capture what committed since the last poll (under the capture lock alone, so that
+        subqueries ship meanwhile), ship everything pending, then delete acknowledged changes
+        from the outbox (log capture: confirm them to the server, after the ship lock is
+        released). While the manager is down this waits (holding the ship lock) until it
+        takes the updates. Log capture skips the read while ``PollPacing`` says it is not due."""
+        if self._log is None or self._log_pacing.due(time.monotonic()):
             await self._capture_locked()
+        async with self._lock:
             await self._ship_pending()
             if self._log is None and not self._ordered:
                 async with self._capture_lock:
@@ -281,6 +289,7 @@ class Wrapper:
         ones merged, a transaction never split), recorded with the log position."""
         assert self._log is not None
         read = self._log.read(conn, self.state.captured_through, exact=exact)
+        self._log_pacing.read(time.monotonic(), found=bool(read.transactions), poll=not exact)
         entries = [
             (self._filter.changes(rows, self._fit), end, txid) for rows, end, txid in _log_updates(read.transactions)
         ]
@@ -361,29 +370,32 @@ class Wrapper:
             watermark=watermark, rows=rows, elapsed_ms=elapsed_ms
         )  # rows: wire values
 
-    async def _snapshot_shipped_through(self) -> tuple[Snapshot, int]:
+    async def _snapshot_shipped_through(self, on_locked: Callable[[], None] = lambda: None) -> tuple[Snapshot, int]:
         """An exact snapshot and its watermark, with every update through the watermark shipped
-        before the answer read in it can reach the manager (the handshake of invariant 3)."""
-        async with self._lock:
-            return await self._exact_snapshot_shipped()
+        before the answer read in it can reach the manager (the handshake of invariant 3).
 
-    async def _exact_snapshot_shipped(self) -> tuple[Snapshot, int]:
-        """The handshake itself (caller holds the ship lock)."""
-        snapshot, watermark = await self._exact_snapshot()
+        The snapshot is taken under the capture lock alone, then shipped under the ship lock:
+        while one subquery ships, the next reads. Shipping is skipped where every update
+        through the watermark is acknowledged already (another subquery or a poll shipped it).
+        ``on_locked``: called once the capture lock is held, before the snapshot is taken."""
+        snapshot, watermark = await self._exact_snapshot(on_locked)
         try:
-            await self._ship_pending()  # through at least the watermark
+            if self.state.acked_through < watermark:
+                async with self._lock:
+                    await self._ship_pending()  # through at least the watermark
         except BaseException:
             snapshot.close()
             raise
         return snapshot, watermark
 
-    async def _exact_snapshot(self) -> tuple[Snapshot, int]:
+    async def _exact_snapshot(self, on_locked: Callable[[], None] = lambda: None) -> tuple[Snapshot, int]:
         """A snapshot whose visible changes are exactly the updates through the watermark.
         Log capture takes another snapshot while one races a committing transaction."""
         deadline = time.monotonic() + SNAPSHOT_RACE_SECONDS
         wait = 0.001
         while True:
             async with self._capture_lock:
+                on_locked()
                 try:
                     snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture_exact)
                     return snapshot, self.state.last_seq

@@ -6,11 +6,15 @@
    round to round): ``--connections`` connections commit ``--transactions`` transactions
    in total, each of ``--statements`` statements (half updates, a quarter inserts, a
    quarter deletes) on a table of ``--rows`` rows. The ratio of a method's median time to
-   that of no capture is what it costs the writers. Triggers work inside the writers'
-   transactions; log capture makes PostgreSQL's writers log whole old rows (REPLICA
-   IDENTITY FULL) for a slot, and installs nothing in MariaDB, whose binary log is on
-   either way. No wrapper drains the outbox or reads the log meanwhile, so the writers pay
-   for capture alone.
+   that of no capture is what it costs the writers; so that the noise shows, every
+   method's fastest, median and slowest run is reported, and so is the spread of the
+   ratio within a round (a method's time over that of no capture in the same round, the
+   runs closest in time). On PostgreSQL each run also counts the WAL it wrote (the
+   server's insert position before and after; anything else writing on the server counts
+   too). Triggers work inside the writers' transactions; log capture makes PostgreSQL's
+   writers log whole old rows (REPLICA IDENTITY FULL) for a slot, and installs nothing in
+   MariaDB, whose binary log is on either way. No wrapper drains the outbox or reads the
+   log meanwhile, so the writers pay for capture alone.
 2. **Freshness** (PostgreSQL + MariaDB + SQLite, one wrapper process each, the manager in
    this process), once with every source captured by triggers and once with PostgreSQL and
    MariaDB captured from their logs (SQLite has no log capture: triggers both times), at
@@ -72,13 +76,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pg-url", default=PG_URL, help=f"PostgreSQL server to use (default: {PG_URL})")
     parser.add_argument("--mariadb-url", default=MARIADB_URL, help=f"MariaDB server to use (default: {MARIADB_URL})")
     parser.add_argument(
-        "--transactions", type=int, default=1200, help="write cost: transactions per run (default: 1200)"
-    )
+        "--transactions", type=int, default=5000,
+        help="write cost: transactions per run (default: 5000, 3-5 s on the development machine)",
+    )  # fmt: skip
     parser.add_argument("--statements", type=int, default=4, help="write cost: statements per transaction (default: 4)")
     parser.add_argument("--connections", type=int, default=4, help="write cost: concurrent connections (default: 4)")
     parser.add_argument("--rows", type=int, default=5000, help="write cost: rows in the table (default: 5000)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="write cost: rounds, each running every method once (default: 3)"
+        "--rounds", type=int, default=5, help="write cost: rounds, each running every method once (default: 5)"
     )
     parser.add_argument(
         "--view-transactions", type=int, default=500, help="freshness: random source transactions (default: 500)"
@@ -199,34 +204,82 @@ def release_log_capture(pg_url: str) -> None:
 
 # -- 1. write cost -------------------------------------------------------------------------------
 def write_cost(url: str, methods: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Seconds of every run per method (and "none"), the throughput of each at its median,
-    and each method's median time over that of no capture."""
+    """Seconds of every run per method (and "none", in round order), the throughput of each
+    at its median, each method's median time over that of no capture, the spread of both
+    (``spread``), and on PostgreSQL the WAL bytes each run wrote (``wal_bytes``)."""
     modes = ("none", *methods)
     seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    wal_bytes: dict[str, list[int]] = {mode: [] for mode in modes}
     for round_ in range(args.rounds):
         shift = round_ % len(modes)  # no method always runs first (a cold cache) or last
         for mode in modes[shift:] + modes[:shift]:
             reset_table(url, args.rows)
-            seconds[mode].append(timed_run(url, mode, args))
+            took, wrote = timed_run(url, mode, args)
+            seconds[mode].append(took)
+            if wrote is not None:
+                wal_bytes[mode].append(wrote)
     median = {mode: statistics.median(s) for mode, s in seconds.items()}
-    return {
+    cost: dict[str, Any] = {
         "seconds": seconds,
         "transactions_per_second": {mode: args.transactions / median[mode] for mode in modes},
         "ratio_to_none": {method: median[method] / median["none"] for method in methods},
+        "spread": write_cost_spread(seconds, methods, args.transactions),
+    }
+    if all(wal_bytes.values()):
+        cost["wal_bytes"] = wal_bytes
+        cost["wal_bytes_per_transaction"] = {
+            mode: statistics.median(written) / args.transactions for mode, written in wal_bytes.items()
+        }
+    return cost
+
+
+def write_cost_spread(seconds: dict[str, list[float]], methods: Sequence[str], transactions: int) -> dict[str, Any]:
+    """Fastest, median and slowest throughput of every mode, and per method the fastest,
+    median and slowest of its time over that of no capture in the same round.
+
+    >>> spread = write_cost_spread({"none": [1.0, 1.2, 1.1], "log": [1.1, 1.2, 1.0]}, ["log"], 100)
+    >>> spread["transactions_per_second"]["none"]
+    {'min': 83.33333333333334, 'median': 90.9090909090909, 'max': 100.0}
+    >>> {k: round(v, 3) for k, v in spread["ratio_in_round"]["log"].items()}
+    {'min': 0.909, 'median': 1.0, 'max': 1.1}
+    """
+    return {
+        "transactions_per_second": {
+            mode: _min_median_max([transactions / x for x in s]) for mode, s in seconds.items()
+        },
+        "ratio_in_round": {
+            method: _min_median_max([m / n for m, n in zip(seconds[method], seconds["none"])]) for method in methods
+        },
     }
 
 
-def timed_run(url: str, mode: str, args: argparse.Namespace) -> float:
-    """The workload's seconds with ``mode``'s capture installed for it alone."""
+def _min_median_max(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def timed_run(url: str, mode: str, args: argparse.Namespace) -> tuple[float, int | None]:
+    """The workload's seconds with ``mode``'s capture installed for it alone, and on
+    PostgreSQL the bytes of WAL the server wrote meanwhile (None elsewhere)."""
     from wrappers.capture import dialect_for
 
     dialect = dialect_for(url)
     engine = dialect.open_engine(url)
     try:
         with capture_installed(mode, dialect, engine, ["w"]):
-            return workload(engine, args)
+            start = wal_position(engine)
+            took = workload(engine, args)
+            end = wal_position(engine)
+            return took, None if start is None or end is None else end - start
     finally:
         engine.dispose()
+
+
+def wal_position(engine: sa.Engine) -> int | None:
+    """PostgreSQL's WAL insert position (None for other servers)."""
+    if engine.dialect.name != "postgresql":
+        return None
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").scalar_one())
 
 
 @contextmanager

@@ -14,13 +14,25 @@ SOURCES = {"pg": "PostgreSQL", "my": "MariaDB", "lite": "SQLite"}
 
 
 def print_write_cost(costs: dict[str, dict[str, Any]]) -> None:
+    """Per server: throughput at the median run (slowest-fastest run), the median time ratio
+    to no capture (the spread of that ratio within a round), and WAL written per transaction."""
     for name, cost in costs.items():
-        rates = ", ".join(f"{mode} {tps:.0f} tx/s" for mode, tps in cost["transactions_per_second"].items())
+        spread = cost["spread"]
+        rates = ", ".join(
+            f"{mode} {tps:.0f} tx/s ({spread['transactions_per_second'][mode]['min']:.0f}-"
+            f"{spread['transactions_per_second'][mode]['max']:.0f})"
+            for mode, tps in cost["transactions_per_second"].items()
+        )
         ratios = ", ".join(
-            f"{method}/none {ratio:.3f}" + (f" (goal <= {GOALS['log_write_cost_ratio']})" if method == "log" else "")
+            f"{method}/none {ratio:.3f} (in a round {spread['ratio_in_round'][method]['min']:.3f}-"
+            f"{spread['ratio_in_round'][method]['max']:.3f}, median {spread['ratio_in_round'][method]['median']:.3f})"
+            + (f" (goal <= {GOALS['log_write_cost_ratio']})" if method == "log" else "")
             for method, ratio in cost["ratio_to_none"].items()
         )
         print(f"{name:10s} write cost: {rates}; time ratio {ratios}")
+        if "wal_bytes_per_transaction" in cost:
+            written = ", ".join(f"{mode} {b:.0f}" for mode, b in cost["wal_bytes_per_transaction"].items())
+            print(f"{'':10s} WAL bytes per transaction (median run): {written}")
 
 
 def print_freshness_run(method: str, run: dict[str, Any]) -> None:
@@ -56,8 +68,8 @@ def print_freshness_ratios(ratios: dict[str, dict[str, float]]) -> None:
 
 
 def plot(results: dict[str, Any], png: Path) -> None:
-    """Left: each method's write time over none's, per server. Right: freshness p50 and p95
-    per source, per run."""
+    """Left: each method's write time over none's, per server, with the range of that ratio
+    within a round. Right: freshness p50 and p95 per source, per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,14 +95,19 @@ def _plot_write_cost(ax: Any, costs: dict[str, dict[str, Any]]) -> None:
     for k, method in enumerate(methods):
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(servers))]
         ratios = [costs[s]["ratio_to_none"][method] for s in servers]
-        ax.bar(xs, ratios, width, label=f"{method} capture", color=f"C{k}")
+        in_round = [costs[s]["spread"]["ratio_in_round"][method] for s in servers]
+        spread = [
+            [max(0.0, r - i["min"]) for r, i in zip(ratios, in_round)],
+            [max(0.0, i["max"] - r) for r, i in zip(ratios, in_round)],
+        ]
+        ax.bar(xs, ratios, width, yerr=spread, capsize=3, label=f"{method} capture", color=f"C{k}")
         for x, r in zip(xs, ratios):
             ax.text(x, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, color="black", lw=1, label="no capture")
     if "log" in methods:
         ax.axhline(GOALS["log_write_cost_ratio"], color="C1", ls="--", lw=1, label="log capture goal")
     ax.set_xticks(range(len(servers)), servers)
-    ax.set_ylabel("writers' time / time without capture (median)")
+    ax.set_ylabel("writers' time / time without capture (median; bars: range in a round)")
     ax.set_title("write cost")
     ax.legend(fontsize=8)
 

@@ -15,6 +15,11 @@ is not. A subquery's read must capture *exactly* the transactions its snapshot s
 the snapshot sees a transaction that commits after one it does not see (visibility order
 is not always log order), the read raises ``SnapshotRace`` and the subquery takes another
 snapshot (``docs/capture.md`` has the argument).
+
+Polls read the log less often while it holds nothing new for the captured tables
+(``PollPacing``): each read costs the server a decoding of the log from the slot's restart
+position, and a quiet source would pay it every poll. Spacing polls out costs subqueries
+nothing: their own reads capture what their snapshots see.
 """
 
 from __future__ import annotations
@@ -52,6 +57,55 @@ class LogRead:
 
     transactions: list[LogTransaction]
     through: int
+
+
+IDLE_AFTER_EMPTY_POLLS = 4
+"""Polls in a row that find nothing before polls are spaced out (a busy log never is)."""
+
+IDLE_POLL_MAX_SECONDS = 0.4
+"""The longest time between two polls of a quiet log: the most the first change after a
+quiet spell waits for a poll beyond the poll interval (a subquery's read does not wait)."""
+
+
+class PollPacing:
+    """When the next poll reads the log: every poll interval while reads find transactions;
+    after ``IDLE_AFTER_EMPTY_POLLS`` polls in a row found none, twice as long after each
+    further empty one, up to ``IDLE_POLL_MAX_SECONDS``. Any read that finds a transaction
+    (a poll's or a subquery's) makes the next poll due at once.
+
+    >>> pacing = PollPacing(0.05)
+    >>> for _ in range(IDLE_AFTER_EMPTY_POLLS):
+    ...     pacing.read(0.0, found=False, poll=True)
+    >>> pacing.due(0.09), pacing.due(0.1)
+    (False, True)
+    >>> for _ in range(10):
+    ...     pacing.read(1.0, found=False, poll=True)
+    >>> pacing.due(1.39), pacing.due(1.4)
+    (False, True)
+    >>> pacing.read(1.1, found=True, poll=False)
+    >>> pacing.due(1.1)
+    True
+    """
+
+    def __init__(self, poll_interval: float) -> None:
+        self._interval = poll_interval
+        self._empty_polls = 0
+        self._next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self._next_at
+
+    def read(self, now: float, *, found: bool, poll: bool) -> None:
+        """A read at ``now`` found transactions (``found``) or not; ``poll``: a poll's read
+        (a subquery's read that finds nothing says nothing about how busy the log is)."""
+        if found:
+            self._empty_polls, self._next_at = 0, 0.0
+        elif poll:
+            self._empty_polls += 1
+            beyond = self._empty_polls - IDLE_AFTER_EMPTY_POLLS
+            if beyond >= 0:
+                wait = min(self._interval * 2 ** min(beyond + 1, 16), max(IDLE_POLL_MAX_SECONDS, self._interval))
+                self._next_at = now + wait
 
 
 class LogReader(Protocol):

@@ -70,6 +70,15 @@ FLUSH_TRANSACTION = (
     "BEGIN; SET LOCAL synchronous_commit = local; SELECT pg_logical_emit_message(true, 'pvm', ''); COMMIT"
 )
 
+# What a read learns first, in one statement: the snapshot, then the WAL insert position read
+# after it, and the flushed position; and, for the rest of the read transaction, the text
+# form of the values the peek decodes (ISO dates, floats that read back exactly).
+READ_POSITIONS = (
+    "SELECT pg_current_snapshot()::text, (pg_current_wal_insert_lsn() - '0/0')::bigint, "
+    "(pg_current_wal_flush_lsn() - '0/0')::bigint, "
+    "set_config('datestyle', 'ISO', true), set_config('extra_float_digits', '3', true)"
+)
+
 
 # -- names ---------------------------------------------------------------------------------------
 def default_slot(engine: sa.Engine) -> str:
@@ -418,12 +427,7 @@ class PgLog:
             )
 
     def read(self, conn: sa.Connection, after: int, *, exact: bool) -> LogRead:
-        conn.exec_driver_sql("SET LOCAL datestyle = 'ISO'")  # the text form of values decoded here
-        conn.exec_driver_sql("SET LOCAL extra_float_digits = 3")
-        found = conn.exec_driver_sql(
-            "SELECT pg_current_snapshot()::text, (pg_current_wal_insert_lsn() - '0/0')::bigint, "
-            "(pg_current_wal_flush_lsn() - '0/0')::bigint"
-        ).one()
+        found = conn.exec_driver_sql(READ_POSITIONS).one()  # one round trip
         snapshot_text, upto, flushed = str(found[0]), int(found[1]), int(found[2])
         if exact and flushed < upto:
             flushed = self._flush_through(conn, upto)
