@@ -277,6 +277,7 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
                 for s, url in urls.items()
             )
         )
+        step("wrappers registered")
         manager.call("POST", "/v1/views", json={"sql": VIEW, "name": "v", "parallelism": 4})
         await until(lambda: view_status(manager, "v")["state"] == "active", 120, "the view's initial load")
 
@@ -317,16 +318,17 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
         assert not final.has_negative() and final == recompute(plan, read_live(urls), COLUMNS)
 
         step("oracle checked")
-        report = await asyncio.to_thread(pvm_verify, manager, "v")
-        assert report["equal"] is True and report["stored_rows"] == sum(w for _, w in final.items())
-
-        step("verified")
+        # two clients of their own processes, at once: pvm verify, and an analyst over Connect
         analyst = manager.token("analyst")
-        seen = await asyncio.to_thread(connect_as_analyst, manager.connect_url(), analyst, "v")
+        report, seen = await asyncio.gather(
+            asyncio.to_thread(pvm_verify, manager, "v"),
+            asyncio.to_thread(connect_as_analyst, manager.connect_url(), analyst, "v"),
+        )
+        assert report["equal"] is True and report["stored_rows"] == sum(w for _, w in final.items())
         assert ZSet.from_rows(tuple(r) for r in seen["right"]["rows"]) == final
         assert seen["wrong"]["code"] == "UNAUTHENTICATED", seen["wrong"]
         assert "the token is unknown, malformed or revoked" in seen["wrong"]["detail"]
-        step("connect checked")
+        step("verified, and read over Connect")
         print(f"\ncluster test: first start {first_start:.1f} s, restart {restart:.1f} s, {checked} states checked")
     finally:
         for thread in threads:
