@@ -361,22 +361,16 @@ async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
     """Two managers at once: one without the cluster's secret (the master refuses its
     application), one asking for executors larger than any worker (the master has it wait
     for ever). Neither hangs: each stops, saying why, after --spark-executor-timeout; the
-    first well before the minute Spark's driver would spend on its registrations."""
+    first well before the minute Spark's driver would spend on its registrations. (The
+    second has 20 s: the master must take its application first, within the same timeout,
+    and two drivers starting at once on a busy machine took more than 8 s for that.)"""
     completed = len(spark_cluster.state()["completedapps"])
     configs = {}
     for name, more in {
-        "no-secret": {"spark_auth_secret_file": None},
-        "too-big": {"spark_conf": ["spark.executor.memory=2g", "spark.cores.max=1"]},
+        "no-secret": {"spark_auth_secret_file": None, "spark_executor_timeout": 8},
+        "too-big": {"spark_conf": ["spark.executor.memory=2g", "spark.cores.max=1"], "spark_executor_timeout": 20},
     }.items():
-        config = manager_config(
-            tmp_path / f"{name}.toml",
-            tmp_path / name,
-            None,
-            free_port(),
-            spark_cluster,
-            spark_executor_timeout=8,
-            **more,
-        )
+        config = manager_config(tmp_path / f"{name}.toml", tmp_path / name, None, free_port(), spark_cluster, **more)
         configs[name] = config
     try:
         done = dict(
@@ -400,7 +394,7 @@ async def test_without_the_secret_or_free_workers_the_start_stops_with_an_error(
     assert "Expected SaslMessage" in (spark_cluster.run_dir / "master.log").read_text()
     # the other one was taken, and waited for executors no worker can give
     waiting = done["too-big"][0].stderr
-    assert f"pvm: error: --spark-master {spark_cluster.master}: no executor registered in 8 s" in waiting
+    assert f"pvm: error: --spark-master {spark_cluster.master}: no executor registered in 20 s" in waiting
     assert "spark.executor.memory=2g" in waiting and "see the master's web UI" in waiting
     state = spark_cluster.state()
     assert not state["activeapps"] and len(state["completedapps"]) == completed + 1, state
