@@ -154,15 +154,20 @@ def schemathesis_settings(examples: int) -> settings:
 
 
 def exercise(
-    operation: Any, mode: Any, live: LiveManager, statuses: Counter[int], path_parameters: dict[str, str] | None = None
+    operation: Any,
+    mode: Any,
+    live: LiveManager,
+    statuses: Counter[int],
+    path_parameters: dict[str, str] | None = None,
+    examples: int = SCHEMATHESIS_EXAMPLES,
 ) -> None:
     """Schemathesis's generated requests (``mode``: valid or invalid ones) to one operation of
-    ``live`` with an admin token, derandomized and bounded; fails on any 5xx. The answered
-    statuses are counted in ``statuses``. ``path_parameters`` pins those parameters (a view
-    that exists, so the rest of the request reaches past the 404)."""
+    ``live`` with an admin token, derandomized and bounded (``examples`` of them); fails on
+    any 5xx. The answered statuses are counted in ``statuses``. ``path_parameters`` pins
+    those parameters (a view that exists, so the rest of the request reaches past the 404)."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @schemathesis_settings(SCHEMATHESIS_EXAMPLES)
+    @schemathesis_settings(examples)
     def run(case) -> None:
         case.headers = {**(case.headers or {}), **live.auth("admin")}  # roles are tested on their own
         if path_parameters and case.path_parameters:

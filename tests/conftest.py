@@ -13,12 +13,15 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 
 ``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
 
-``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: every test under
-``tests/spark/`` is in the group ``spark``, so one worker runs them all, on one Spark session
-and one analysts' query process, and the other tests spread over every worker. (Letting the
-cluster and ``pvm serve`` tests spread too made the run no faster and overloaded the
-machine: they then ran beside the session's Spark tests.) A test must therefore not assume
-the machine to itself.
+``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: the tests under
+``tests/spark/`` are in the group ``spark``, so one worker runs them all, on one Spark session
+and one analysts' query process, and the other tests spread over every worker. The exceptions
+(``OWN_JVMS`` below) start a JVM or two of their own and never touch the session's: the
+script's own master and worker, a session started as ``pvm serve`` starts its own, and one
+``pvm serve`` on ``local[1]``; they spread like the rest. (Letting the cluster deployment's
+tests spread too, a cluster and ``pvm serve`` on it, made the run no faster and overloaded
+the machine: they then ran beside the session's Spark tests.) A test must therefore not
+assume the machine to itself.
 """
 
 from __future__ import annotations
@@ -41,9 +44,17 @@ from tests.capture_support import (
 
 SERVER_FIXTURES = frozenset({"pg_url", "pg_log_url", "maria_url", "postgresql_catalog"})
 SPARK_TESTS = Path(__file__).parent / "spark"
-# Spark tests that start JVMs of their own (a master and a worker) and never use the
-# session's: any worker may run them, beside the session's Spark tests
-OWN_JVMS = frozenset({"test_spark_cluster.py"})
+# Spark tests (files, or file::test) that start a JVM or two of their own, on local[1] or a
+# master and a worker, and never use the session's: any worker may run them, beside the
+# session's Spark tests
+OWN_JVMS = frozenset(
+    {
+        "test_spark_cluster.py",
+        "test_spark_quiet.py",
+        "test_serve_startup.py::test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm",
+    }
+)
+SESSION_JVMS = frozenset({"spark", "analysts"})  # session fixtures of tests/spark/conftest.py
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -53,11 +64,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
             # under pytest-xdist (--dist loadgroup) the Spark tests share one worker: the run
             # starts the session's Spark and analysts' query process once, not once a worker,
-            # and the JVM-heavy tests (a cluster, pvm serve) do not run beside one another
-            if Path(item.path).name not in OWN_JVMS:
+            # and the JVM-heavy tests (the cluster deployment's) do not run beside them
+            if not own_jvms(item):
                 item.add_marker(pytest.mark.xdist_group("spark"))
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
+
+
+def own_jvms(item: pytest.Item) -> bool:
+    """Whether ``item`` is one of ``OWN_JVMS``; such a test that took the session's Spark or
+    query process would start them on a second worker too, so it is refused."""
+    name = Path(item.path).name
+    if name not in OWN_JVMS and f"{name}::{item.name}" not in OWN_JVMS:
+        return False
+    if used := SESSION_JVMS & set(getattr(item, "fixturenames", ())):
+        raise pytest.UsageError(f"{item.nodeid} is in OWN_JVMS but uses the session's {sorted(used)}")
+    return True
 
 
 @contextmanager
