@@ -437,12 +437,15 @@ async def start_services(
     Connect; their stoppers go to ``stoppers``), then the manager (catalog, recovery of every
     view). Nothing here blocks the event loop."""
     started = time.perf_counter()
+    # the analysts' query process starts first: its JVM and warm-up (half a minute on a busy
+    # machine) overlap the store's Spark session instead of following it
+    analysts = start_analysts(args, spark_conf, stoppers) if args.store == "spark" else None
     store = await asyncio.to_thread(
         open_store, args.store, args.data_dir, args.spark_master, url, spark_conf, retention_s(args), args.host,
         args.spark_auth_secret, args.spark_executor_timeout,
     )  # fmt: skip
-    if args.store == "spark":
-        manager.analysts = await asyncio.to_thread(start_spark_services, store, args, spark_conf, stoppers)
+    if analysts is not None:
+        manager.analysts = await asyncio.to_thread(start_spark_services, store, analysts, args, stoppers)
         if args.connect_port >= 0:
             await asyncio.to_thread(start_connect_gateway, manager, manager.analysts, verifier, args, stoppers)
     await manager.start(store)
@@ -585,20 +588,28 @@ def check_connect_exposure(args: argparse.Namespace) -> None:
         )
 
 
-def start_spark_services(store, args: argparse.Namespace, spark_conf: dict[str, str], stoppers: list):
-    """The Spark store's companions: background compaction, and the analysts' query process,
-    which shows the store's views to analysts. Their stoppers go to ``stoppers``; returns the
-    query process. ``check_options`` has vetted ``args``."""
+def start_analysts(args: argparse.Namespace, spark_conf: dict[str, str], stoppers: list):
+    """The analysts' query process, started in the background (``check_options`` has vetted
+    ``args``); its stopper goes to ``stoppers``. It shows the store's views once
+    ``start_spark_services`` subscribes it to the store."""
     from warehouse.analysts.supervisor import AnalystProcess
+
+    analysts = AnalystProcess(analyst_settings(args, spark_conf))
+    analysts.start()
+    stoppers.append(analysts.stop)
+    return analysts
+
+
+def start_spark_services(store, analysts, args: argparse.Namespace, stoppers: list):
+    """The Spark store's companions: background compaction, and the analysts' query process
+    (``start_analysts``), which shows the store's views to analysts from now on. Stoppers go
+    to ``stoppers``; returns the query process."""
     from warehouse.store.compaction import Compactor
 
     compactor = Compactor(store, interval_s=args.compaction_interval)
     compactor.start()
     stoppers.append(compactor.stop)
-    analysts = AnalystProcess(analyst_settings(args, spark_conf))
     store.subscribe(analysts.publish)
-    analysts.start()
-    stoppers.append(analysts.stop)
     return analysts
 
 
