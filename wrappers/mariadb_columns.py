@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from contract.relation_snapshot import SnapshotStreamError, encode_column
+from contract.relation_snapshot import JSON_KEY, SnapshotStreamError, encode_column
 from wrappers.capture.types import wire_value
 
 _READ_BYTES = 1 << 18
@@ -189,7 +189,7 @@ def _column(
 ) -> Callable[[pa.Array], pa.Array]:
     """How a column's bytes become ``field``'s array: parsed by Arrow where that gives what
     PyMySQL's decoding and converter give, else value by value through them."""
-    json = bool(field.metadata) and b"pvm.json" in field.metadata
+    json = bool(field.metadata) and JSON_KEY in field.metadata
     if not json and encoding == "ascii" and field.type == pa.int64() and converter is int:
         return lambda values: _parsed(field, values, pa.int64())
     if not json and encoding == "ascii" and field.type == pa.float64() and converter is float:
