@@ -151,22 +151,25 @@ def encode_columns(
     schema: pa.Schema, columns: Sequence[Sequence[Any]], weights: Sequence[int] | None = None
 ) -> pa.RecordBatch:
     """``encode_batch`` for values already in columns (what a wrapper fetches, transposed)."""
-    arrays = []
-    for f, values in zip(schema, columns, strict=True):
-        if f.metadata and JSON_KEY in f.metadata:
-            arrays.append(pa.array([json_text(v) for v in values], pa.string()))
-            continue
-        if f.type in _CONVERTED:
-            values = [_typed(v, f.type) for v in values]
-        try:
-            arrays.append(pa.array(values, f.type))
-        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-            raise SnapshotStreamError(f"column {f.name!r}: a value does not fit {f.type}: {exc}") from exc
+    arrays = [encode_column(f, values) for f, values in zip(schema, columns, strict=True)]
     names = list(schema.names)
     if weights is not None:
         arrays.append(pa.array(weights, pa.int64()))
         names.append("_w")
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def encode_column(field: pa.Field, values: Sequence[Any]) -> pa.Array:
+    """One column of wire values as an array of ``field`` (of a snapshot schema);
+    SnapshotStreamError if a value does not fit it."""
+    if field.metadata and JSON_KEY in field.metadata:
+        return pa.array([json_text(v) for v in values], pa.string())
+    if field.type in _CONVERTED:
+        values = [_typed(v, field.type) for v in values]
+    try:
+        return pa.array(values, field.type)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+        raise SnapshotStreamError(f"column {field.name!r}: a value does not fit {field.type}: {exc}") from exc
 
 
 class SnapshotWriter:
@@ -176,17 +179,18 @@ class SnapshotWriter:
         self.schema = schema
         self.rows = 0
         self._writer = pa.ipc.new_stream(sink, schema)
+        self._batch_schema = schema.remove_metadata()
 
     def write_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             self._writer.write_batch(encode_batch(self.schema, rows))
             self.rows += len(rows)
 
-    def write_columns(self, columns: Sequence[Sequence[Any]]) -> None:
-        """One batch of rows given column by column (all of one length)."""
-        if columns and columns[0]:
-            self._writer.write_batch(encode_columns(self.schema, columns))
-            self.rows += len(columns[0])
+    def write_arrays(self, arrays: Sequence[pa.Array]) -> None:
+        """One batch of rows given as arrays of the schema's fields (``encode_column``)."""
+        if arrays and len(arrays[0]):
+            self._writer.write_batch(pa.RecordBatch.from_arrays(list(arrays), schema=self._batch_schema))
+            self.rows += len(arrays[0])
 
     def close(self) -> None:
         """The end marker, then the IPC end of stream: only now is the stream complete."""
