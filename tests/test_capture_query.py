@@ -120,3 +120,27 @@ def test_a_subquery_selecting_no_column_counts_partners_per_key(source) -> None:
     got = answer(dialect, engine, keys, KEY_ON_K, Cmp("<>", Col("r", "v"), Lit("b")), [])
     assert got == expected(keys, KEY_ON_K, Cmp("<>", Col("r", "v"), Lit("b")), [])
     assert set(got) == {(0,), (1,), (2,)} and sum(got.values()) == 10  # 11 non-NULL v, "b" is out
+
+
+def test_one_snapshot_answers_several_subqueries_of_one_shape_even_after_a_refused_one(source) -> None:
+    """Subqueries that share a handshake are evaluated one after the other in one snapshot
+    (wrappers/shared_handshake.py): each leaves the transaction as it found it, its key
+    table gone, and a refused one (in PostgreSQL, a failed statement aborts the whole
+    transaction) does not spoil the next."""
+    dialect, engine = source
+    schema = SourceSchema.reflect(engine, ["r"])
+
+    def prepared(keys: list[list]) -> query.PreparedQuery:
+        subquery = Subquery(relation="r", alias="r", keys=keys, on=to_wire(KEY_ON_K), select=["id"])
+        return query.prepare(subquery, schema, engine.dialect.name)
+
+    conn = dialect.begin_snapshot(engine)
+    try:
+        first = query.evaluate(conn, prepared([[0], [1]]))
+        with pytest.raises(InvalidRequest):
+            query.evaluate(conn, prepared([["x"]]))
+        second = query.evaluate(conn, prepared([[2]]))
+    finally:
+        conn.close()
+    assert {tuple(r[:-1]) for r in first} == {(k, row[0]) for k in (0, 1) for row in ROWS if row[1] == k}
+    assert {tuple(r[:-1]) for r in second} == {(0, row[0]) for row in ROWS if row[1] == 2}

@@ -133,3 +133,21 @@ def test_no_selected_column_counts_per_key(source) -> None:
     """An outer join's partner counts: one ``[key index, count]`` per key with partners."""
     answer = check(source, [(1,), (2,), (9,), (None,)], Cmp("=", key(0), r("b")), None, [])
     assert sorted(answer) == [[0, 3], [1, 2]]
+
+
+def test_one_snapshot_answers_several_subqueries_of_one_shape(source) -> None:
+    """Subqueries sharing a handshake run one after the other in one snapshot
+    (wrappers/shared_handshake.py): each drops its key table, so the next can make it."""
+    engine, schema = source
+    on = Cmp("=", key(0), r("b"))
+    conn = capture.begin_snapshot(engine)
+    try:
+        answers = [
+            query.evaluate(
+                conn, query.prepare(Subquery(relation="r", alias="r", keys=[[b]], on=to_wire(on), select=[]), schema)
+            )
+            for b in (1, 2, 1)
+        ]
+    finally:
+        conn.close()
+    assert [sum(row[-1] for row in answer) for answer in answers] == [3, 2, 3]

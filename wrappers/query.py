@@ -240,12 +240,19 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     The TEMP table lives in the connection's temp schema, so writing it does not end the
     read snapshot of the main database. A key or literal the database cannot hold (an
     integer beyond 64 bits in SQLite, text that is no date) is an InvalidRequest.
+
+    One snapshot may answer several subqueries, one after the other
+    (``wrappers/shared_handshake.py``), so each leaves the transaction as it found it: in
+    PostgreSQL inside a savepoint rolled back afterwards (which also undoes an error, that
+    would abort the whole transaction), elsewhere by dropping its key table (a failed
+    statement aborts nothing there).
     """
     if not query.keys:
         return []
     shape = query.shape
-    conn.exec_driver_sql(_create_sql(shape, conn.dialect))
+    savepoint = conn.begin_nested() if conn.dialect.name == "postgresql" else None
     try:
+        conn.exec_driver_sql(_create_sql(shape, conn.dialect))
         names = [c.name for c in shape.key_table.columns][1:]
         conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
         return [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
@@ -253,8 +260,12 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
         reason = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         raise InvalidRequest(f"the source cannot take a key or literal value of this subquery: {reason}") from None
     finally:
-        if conn.dialect.name in _MARIADB:  # its TEMPORARY tables outlive the transaction
+        if savepoint is not None:
+            savepoint.rollback()
+        elif conn.dialect.name in _MARIADB:  # its TEMPORARY tables outlive the transaction
             conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")
+        else:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{shape.key_table.name}")
 
 
 def _parse(wire: dict[str, Any] | None, clause: str) -> Expr | None:
