@@ -199,8 +199,8 @@ async def test_the_load_stages_what_its_snapshots_reflect_but_must_not(tmp_path)
     sources = {"a": FakeSource([(1, "new"), (2, "newer"), (5, "old")], 5), "b": FakeSource([(1, "y")], 8)}
     store = FakeStore(tmp_path)
     engine = EngineLoad(two_relation_plan(), protocol, sources, store, [["INTEGER", "TEXT"]] * 2)
-    effect, compensated = await engine.run(load)
-    assert effect.is_empty() and compensated == 2
+    effect, compensated, from_log = await engine.run(load)
+    assert effect.is_empty() and compensated == 2 and from_log == 0
     assert store.staged["c0.parquet"] == [{"k": 1, "x": "new", "_w": -1}, {"k": 2, "x": "newer", "_w": -1}]
     assert "c1.parquet" not in store.staged and len(store.staged["r0.parquet"]) == 3
     assert not list((tmp_path / "v").iterdir())  # the staging is removed
@@ -209,5 +209,49 @@ async def test_the_load_stages_what_its_snapshots_reflect_but_must_not(tmp_path)
     again = EngineLoad(
         two_relation_plan(), protocol, sources, FakeStore(tmp_path, held={load.order}), [["INTEGER", "TEXT"]] * 2
     )
-    assert await again.run(load) == (ZSet(), 0)  # the store holds the load: nothing is asked again
+    assert await again.run(load) == (ZSet(), 0, 0)  # the store holds the load: nothing is asked again
     assert sources["a"].asked == 1
+
+
+class LoggedUpdates:
+    """A ``SpillLog`` over a list of updates (warehouse/spill.py)."""
+
+    def __init__(self, updates: list[ViewUpdate]) -> None:
+        self.updates = updates
+
+    async def read_back(self, after, most):  # not asked while the load runs
+        raise AssertionError("the load does not read the queue back")
+
+    async def spilled(self, spilled):
+        yield [u for u in self.updates if u.source == spilled.source and spilled.after < u.seq <= spilled.through]
+
+
+async def test_the_load_takes_back_spilled_updates_read_from_the_log(tmp_path) -> None:
+    """With a queue budget of one change, the updates after the first stay in the update
+    log: the load reads those its snapshots reflect from there, and stages the same."""
+    protocol = ViewProtocol(parallelism=2, queue_budget=1)
+    load = protocol.start_initial()
+    updates = [
+        ViewUpdate(seq, source, seq, {0 if source == "a" else 1: ZSet({row: 1})})
+        for seq, source, row in (
+            (4, "a", (1, "new")),
+            (5, "a", (2, "newer")),
+            (6, "a", (3, "later")),
+            (9, "b", (7, "s")),
+        )
+    ]
+    for update in updates:
+        protocol.receive(update)
+    assert [u.seq for u in protocol.umq] == [4] and protocol.shelf is not None
+    sources = {"a": FakeSource([(1, "new"), (2, "newer"), (5, "old")], 5), "b": FakeSource([(1, "y")], 8)}
+    store = FakeStore(tmp_path)
+    engine = EngineLoad(
+        two_relation_plan(), protocol, sources, store, [["INTEGER", "TEXT"]] * 2, spill_log=LoggedUpdates(updates)
+    )
+    effect, compensated, from_log = await engine.run(load)
+    assert effect.is_empty() and compensated == 2 and from_log == 1  # seq 5 from the log
+    assert sorted(store.staged["c0.parquet"], key=lambda r: r["k"]) == [
+        {"k": 1, "x": "new", "_w": -1},
+        {"k": 2, "x": "newer", "_w": -1},
+    ]
+    assert "c1.parquet" not in store.staged
