@@ -58,7 +58,8 @@ from warehouse.catalog.secrets import key_file_for
 from warehouse.recompute import recompute
 from warehouse.sql_views import parse_view
 
-pytestmark = [pytest.mark.cluster, pytest.mark.servers]
+# its own JVMs (tests/conftest.py, OWN_JVMS), on one worker: its tests share the module's cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.servers, pytest.mark.xdist_group("cluster")]
 
 
 @pytest.fixture(scope="module")
