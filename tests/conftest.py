@@ -17,11 +17,11 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 ``tests/spark/`` are in the group ``spark``, so one worker runs them all, on one Spark session
 and one analysts' query process, and the other tests spread over every worker. The exceptions
 (``OWN_JVMS`` below) start a JVM or two of their own and never touch the session's: the
-script's own master and worker, a session started as ``pvm serve`` starts its own, one
-``pvm serve`` on ``local[1]``, and the cluster deployment (a standalone cluster and ``pvm
-serve`` on it, in a group of its own: its tests share the module's cluster). They spread
-like the rest, so the worker that runs the session's Spark tests is not also the one that
-waits for every cluster. A test must therefore not assume the machine to itself.
+script's own master and worker, a session started as ``pvm serve`` starts its own, and one
+``pvm serve`` on ``local[1]``; they spread like the rest. (Letting the cluster deployment's
+tests spread too, a cluster and ``pvm serve`` on it, made the run no faster and overloaded
+the machine: they then ran beside the session's Spark tests.) A test must therefore not
+assume the machine to itself.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ SPARK_TESTS = Path(__file__).parent / "spark"
 OWN_JVMS = frozenset(
     {
         "test_spark_cluster.py",
-        "test_cluster_deployment.py",
         "test_spark_quiet.py",
         "test_serve_startup.py::test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm",
     }

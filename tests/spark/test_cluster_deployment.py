@@ -58,8 +58,7 @@ from warehouse.catalog.secrets import key_file_for
 from warehouse.recompute import recompute
 from warehouse.sql_views import parse_view
 
-# its own JVMs (tests/conftest.py, OWN_JVMS), on one worker: its tests share the module's cluster
-pytestmark = [pytest.mark.cluster, pytest.mark.servers, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.cluster, pytest.mark.servers]
 
 
 @pytest.fixture(scope="module")
