@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from warehouse.log_pruning import PruneCounters
 from warehouse.manager import change_log_bytes, load_status, view_progress
 
 STATES = ("initializing", "active", "failed")
@@ -70,6 +71,8 @@ class ManagerCollector(Collector):
         yield waiting
         yield change_log
         yield change_log_warning
+        if m.pruner is not None:
+            yield from _pruning_metrics(m.pruner.counters)
         if m.store_probe is not None:
             up = GaugeMetricFamily(
                 "pvm_store_up", "1 when the view store answered its latest probe (never waited for here)"
@@ -208,6 +211,27 @@ class ManagerCollector(Collector):
         yield groups
         if m.analysts is not None:
             yield from _analyst_metrics(m.analysts.status())
+
+
+def _pruning_metrics(c: PruneCounters) -> Iterator[Metric]:
+    """The update log's pruning (``warehouse/log_pruning.py``): totals since the start, and
+    the log's size as its latest round counted it."""
+    yield CounterMetricFamily(
+        "pvm_update_log_pruned",
+        "Updates removed from the update log once no reader needed them",
+        value=c.entries_pruned,
+    )
+    yield CounterMetricFamily(
+        "pvm_unit_records_pruned",
+        "Committed unit records removed (folded into their view's record) once no reader needed them",
+        value=c.units_pruned,
+    )
+    if c.log_entries is not None:
+        yield GaugeMetricFamily(
+            "pvm_update_log_entries",
+            "Updates the update log holds, as the latest pruning round counted them",
+            value=c.log_entries,
+        )
 
 
 def _analyst_metrics(status: dict[str, Any]) -> Iterator[Metric]:

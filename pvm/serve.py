@@ -35,6 +35,7 @@ log = logging.getLogger("pvm.serve")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from warehouse.log_pruning import DEFAULT_RETENTION_S
     from warehouse.protocol import DEFAULT_QUEUE_BUDGET
 
     config_file.add_to(parser)
@@ -163,6 +164,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the most changes a view's queue of updates not yet maintained holds in memory; past it the queue's tail "
         f"stays in the update log and is read back as maintenance catches up (default: {DEFAULT_QUEUE_BUDGET})",
+    )
+    parser.add_argument(
+        "--log-retention",
+        type=float,
+        default=DEFAULT_RETENTION_S,
+        metavar="SECONDS",
+        help="the update log is pruned of what no view, restart or resent update can need any more, once it is this "
+        f"old (received, or its unit committed, so long ago); 0: as soon as nothing needs it (default: {DEFAULT_RETENTION_S:.0f})",
+    )
+    parser.add_argument(
+        "--keep-update-log",
+        action="store_true",
+        help="never prune the update log and the unit records: the catalog keeps every update for good and grows "
+        "without bound (see docs/protocol.md, 'Pruning the update log')",
     )
     parser.add_argument(
         "--max-verifications",
@@ -379,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
     from api.manager_app import create_app
     from pvm.http_server import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from warehouse.catalog.secrets import key_file_for
+    from warehouse.log_pruning import LogPruning
     from warehouse.manager import Manager
 
     setup_logging(args.log_level)
@@ -406,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
             max_queued_changes=args.max_queued_changes,
             max_verifications=args.max_verifications,
             change_log_warning_bytes=args.change_log_warning_mb << 20,
+            log_pruning=None if args.keep_update_log else LogPruning(retention_s=args.log_retention),
         )
         verifier = verifier_for(manager)
 
@@ -512,6 +529,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--max-queued-changes must be at least 1")
     if args.max_verifications < 1:
         raise CliError("--max-verifications must be at least 1")
+    if not (math.isfinite(args.log_retention) and args.log_retention >= 0):
+        raise CliError("--log-retention must be a number of seconds, 0 or more")
     if args.change_log_warning_mb < 1:
         raise CliError("--change-log-warning-mb must be at least 1")
     if not (math.isfinite(args.commit_linger) and args.commit_linger >= 0):

@@ -14,6 +14,7 @@ import pytest
 import api.analyst
 from pvm import serve
 from pvm.cli import CliError, build_parser, main
+from warehouse.log_pruning import DEFAULT_RETENTION_S, LogPruning
 from warehouse.store.spark_connect import ConnectError, is_loopback, start_connect_server
 
 
@@ -149,6 +150,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "2",
                 "--change-log-warning-mb",
                 "64",
+                "--log-retention",
+                "86400",
             ]
         )
     # the memory store: no analysts' query process
@@ -162,8 +165,21 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "max_queued_changes": 300,
         "max_verifications": 2,
         "change_log_warning_bytes": 64 << 20,
+        "log_pruning": LogPruning(retention_s=86400.0),
     }
     assert build_parser(["serve"]).parse_args(["serve"]).commit_linger == 0.0
+    with pytest.raises(Stop):
+        main(["serve", "--data-dir", str(tmp_path), "--store", "memory", "--keep-update-log"])
+    assert seen["log_pruning"] is None  # the whole log kept
+    with pytest.raises(Stop):
+        main(["serve", "--data-dir", str(tmp_path), "--store", "memory"])
+    assert seen["log_pruning"] == LogPruning(retention_s=DEFAULT_RETENTION_S)  # pruned by default
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_log_retention_must_be_finite_and_not_negative(tmp_path, capsys, value: str) -> None:
+    code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"--log-retention={value}")
+    assert code == 2 and "--log-retention" in err, err
 
 
 def test_compacted_versions_outlive_the_query_timeout(monkeypatch) -> None:

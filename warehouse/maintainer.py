@@ -159,6 +159,7 @@ class ViewMaintainer:
         self.retrying: dict[str, Retry] = {}  # at most one per PPU slot, plus commit and start
         self.progress_at = time.monotonic()  # a unit started, maintained or committed; work arrived
         self._published = 0  # the W readers see in the store
+        self.recorded_watermark = 0  # the W the catalog holds (the protocol's may be ahead, being recorded)
         self._ready: dict[int, ZSet] = {}
         self._ready_at: dict[int, float] = {}
         self._ready_from: dict[int, tuple[tuple[str, int], ...]] = {}  # (source, seq) of each ready unit's updates
@@ -440,6 +441,7 @@ class ViewMaintainer:
             await run_blocking(self.store_executor, self.store.commit, self.name, effects)
         watermark = self.protocol.mark_committed(group)
         await self.db(Catalog.commit_units, self.name, group, watermark)
+        self.recorded_watermark = max(self.recorded_watermark, watermark)
         return len(effects)
 
     def _unstorable(self, group: list[int]) -> str | None:
@@ -488,6 +490,17 @@ class ViewMaintainer:
     def has_state(self) -> bool:
         """Whether ``seqs`` can answer: not while the initial load runs."""
         return self.initial_order is None
+
+    def passed_over(self, released: Mapping[str, int]) -> dict[str, int]:
+        """Per source, the seq through which every update the view holds in no unit at or
+        below its recorded W is one it does not read (it was never queued): what pruning
+        may remove as far as this view goes (``warehouse.log_pruning``). The ``hi`` of the
+        interval its recorded state shows the source at (``ViewSeqs.interval``); nothing
+        while the initial load runs (the catalog knows the view's bases)."""
+        seqs = self.seqs()
+        if seqs is None or seqs.base_order > self.recorded_watermark:
+            return {}
+        return {s: seqs.interval(self.recorded_watermark, s, released.get(s, 0))[1] for s in seqs.sources}
 
     def seqs(self, readable_from: int = 0) -> ViewSeqs | None:
         """What the view's states show of its sources (``warehouse.consistent_cut``); None

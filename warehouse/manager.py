@@ -29,12 +29,22 @@ from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.messages import PinnedView
 from warehouse.analysts.supervisor import AnalystProcess
-from warehouse.catalog.db import Catalog, CatalogError, LogEntry, RelationInfo, UnitInfo, ViewInfo
+from warehouse.catalog.db import (
+    Catalog,
+    CatalogError,
+    LogEntry,
+    PruneReach,
+    RelationInfo,
+    UnitInfo,
+    ViewInfo,
+    reflected_through,
+)
 from warehouse.consistent_cut import Cut, NoConsistentCut, Span, ViewSeqs, consistent_cut
 from warehouse.deltas import DeltaExtractor
 from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
+from warehouse.log_pruning import LogPruner, LogPruning
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_BUDGET, Unit, ViewProtocol, ViewUpdate
@@ -161,6 +171,7 @@ class Manager:
         max_verifications: int = MAX_VERIFICATIONS,
         blocking_executor: Executor | None = None,
         change_log_warning_bytes: int = CHANGE_LOG_WARNING_BYTES,
+        log_pruning: LogPruning | None = None,
     ) -> None:
         """``store`` None: given to ``start`` instead (``pvm serve`` opens Spark while the
         API already answers). ``analysts``: the analysts' query process (Spark store only;
@@ -173,7 +184,9 @@ class Manager:
         above which the manager warns; ``max_queued_changes``: the changes a view's UMQ holds
         in memory, past which its tail stays in the update log (``warehouse.spill``; None:
         no bound); ``max_verifications``: verifications run at once over all views
-        (``warehouse.verify``); ``protocol``: makes a view's protocol state from its
+        (``warehouse.verify``); ``log_pruning``: when and how the update log and the unit
+        records no reader needs any more are removed (``warehouse.log_pruning``; None: kept
+        for good); ``protocol``: makes a view's protocol state from its
         parallelism and batch size (tests give one broken on purpose, for the oracle to
         catch).
 
@@ -215,6 +228,7 @@ class Manager:
         self._executor = blocking_executor or ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
+        self.pruner = None if log_pruning is None else LogPruner(self.db, self._prunable, log_pruning)
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
@@ -256,7 +270,25 @@ class Manager:
         self._background.add(asyncio.create_task(self._resync_interest(), name="resync-interest"))
         self._background.add(asyncio.create_task(self._watch_sources(), name="watch-sources"))
         self._background.add(asyncio.create_task(self._show_cuts(), name="show-cuts"))
+        if self.pruner is not None:
+            self._background.add(asyncio.create_task(self.pruner.run(), name="prune-log"))
         self.started = True
+
+    def _prunable(self) -> PruneReach:
+        """How far the update log may be pruned as far as this process knows (taken on the
+        loop, at one instant): per source, what the receiver released (an update held
+        behind a gap is not, and no view has it); a source of a view being defined is left
+        out, since the updates released to that view before its bases are recorded may be
+        queued by it and nothing in the catalog says so. Per view, the seqs through which
+        what it holds in no recorded unit is nothing it reads (``passed_over``)."""
+        defining = {s for handle in self.views.values() if handle.bases is None for s in handle.plan.sources}
+        released = {s: self.receiver.released_through(s) for s in self.clients if s not in defining}
+        passed = {
+            name: handle.maintainer.passed_over(released)
+            for name, handle in self.views.items()
+            if handle.bases is not None
+        }
+        return PruneReach(released, passed)
 
     async def _show_cuts(self) -> None:
         """Hand the analysts' query process the greatest consistent cut over every view that
@@ -649,63 +681,26 @@ class Manager:
             )
             for u in kept
         ]
-        waiting = protocol.restore(recorded, rebuilt, ())
-        await self._requeue_logged(handle, info.bases, skip={i for u in units for i in u.log_ids})
+        folded_order, start = info.start()
+        waiting = protocol.restore(recorded, rebuilt, (), folded=folded_order)
+        # pruned unit records (through folded_order) hold seqs through start[source] only
+        await self._requeue_logged(handle, start, skip={i for u in units for i in u.log_ids})
         self.views[info.name] = handle  # nothing was released meanwhile: start() recovers views first
         if info.state == "failed":
             log.warning("view %s had failed before the restart (%s): trying it again", info.name, info.error)
             await self._set_state(info.name, "initializing", None)
-        loaded = next((u.order for u in units if u.committed and not u.log_ids), None)
+        # the committed initial load (its record folded by pruning: at or below the folded order)
+        loaded = next((u.order for u in units if u.committed and not u.log_ids), info.folded_order or None)
         await handle.maintainer.republish(loaded if info.state == "initializing" else None)
         handle.maintainer.recover(waiting)  # they wait for PPU slots, oldest first
+        handle.maintainer.recorded_watermark = protocol.watermark
         history = handle.maintainer.history
         history.number(u for u in rebuilt if recorded[u.order])  # retained: numbered above W too
         if handle.maintainer.initial_order is not None:  # the initial load runs again
             history.begin(handle.maintainer.initial_order, info.bases)
         else:
-            await self._recover_history(history, info.bases, units, protocol.watermark)
+            recover_history(history, info, units, protocol.watermark)
         handle.maintainer.start()
-
-    async def _recover_history(
-        self, history: SeqHistory, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int
-    ) -> None:
-        """The record of a loaded view's units at or below W after a restart, so that a cut
-        can read it before W again: the spans of its newest ``MAX_SPANS`` units, from their
-        first and last updates in the log, over what the state before them holds (the
-        initial load's bases when they are all of them)."""
-        done = [u for u in units if u.order <= watermark]
-        maintained = [u for u in done if u.log_ids]
-        tail = maintained[-MAX_SPANS:]
-        if len(tail) < len(maintained):
-            history.begin(tail[0].order - 1, await self._reflected(bases, units, tail[0].order - 1))
-        else:
-            history.begin(min(u.order for u in done), bases)  # the initial load's order
-        ids = [i for u in tail for i in (u.log_ids[0], u.log_ids[-1])]
-        entries = {
-            e.id: e
-            for start in range(0, len(ids), LOG_IDS_PER_READ)
-            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
-        }
-        history.add(
-            Span(u.order, entries[u.log_ids[0]].source, entries[u.log_ids[0]].seq, entries[u.log_ids[-1]].seq)
-            for u in tail
-        )
-
-    async def _reflected(self, bases: Mapping[str, int], units: Sequence[UnitInfo], watermark: int) -> dict[str, int]:
-        """Per source, the last seq the view as of ``watermark`` holds: its base, or the last
-        update of its last unit at or below W that holds the source's updates (a unit holds
-        one source's, in seq order). Read back from the log newest unit first, until every
-        source is found."""
-        upto = dict(bases)
-        missing = set(bases)
-        last = [u.log_ids[-1] for u in reversed(units) if u.order <= watermark and u.log_ids]
-        for start in range(0, len(last), LOG_IDS_PER_READ):
-            if not missing:
-                break
-            for entry in await self.db(Catalog.log_entries, None, 0, last[start : start + LOG_IDS_PER_READ]):
-                upto[entry.source] = max(upto.get(entry.source, 0), entry.seq)
-                missing.discard(entry.source)
-        return upto
 
     async def _requeue_logged(self, handle: ViewHandle, bases: Mapping[str, int], skip: Collection[int]) -> None:
         """Queue the view's updates in the update log after seq ``bases[source]``, released by
@@ -982,6 +977,33 @@ class Manager:
 
     async def wait_idle(self, name: str, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self.view(name).maintainer.wait_idle(), timeout)
+
+
+def recover_history(history: SeqHistory, info: ViewInfo, units: Sequence[UnitInfo], watermark: int) -> None:
+    """The record of a loaded view's units at or below W after a restart, so that a cut can
+    read it before W again: the spans of its newest ``MAX_SPANS`` units, from their unit
+    records, over what the state before them holds (where the record starts: the initial
+    load's order and bases, or the order the pruned records were folded into).
+
+    >>> info = ViewInfo("v", "", 1, 1, "", "active", {"s": 2}, 5, None, 0.0, folded_order=3, folded_seqs={"s": 4})
+    >>> history = SeqHistory()
+    >>> recover_history(history, info, [UnitInfo(4, (9,), True, source="s", first_seq=5, last_seq=6)], 5)
+    >>> history.base_order, history.base, history.spans
+    (3, {'s': 4}, [Span(order=4, source='s', first=5, last=6)])
+    """
+    folded_order, start = info.start()
+    done = [u for u in units if u.order <= watermark]
+    maintained = [u for u in done if u.source is not None]
+    tail = maintained[-MAX_SPANS:]
+    if len(tail) < len(maintained):
+        history.begin(tail[0].order - 1, reflected_through(start, units, tail[0].order - 1))
+    else:  # the initial load's order, unless its record was folded
+        history.begin(folded_order or min(u.order for u in done), start)
+    history.add(
+        Span(u.order, u.source, u.first_seq, u.last_seq)
+        for u in tail
+        if u.source is not None and u.first_seq is not None and u.last_seq is not None
+    )
 
 
 def cut_leaving_out(views: Mapping[str, ViewSeqs], released: Mapping[str, int]) -> Cut:

@@ -395,10 +395,12 @@ class ViewProtocol:
         oldest = min((order for order, committed in recorded.items() if not committed), default=None)
         return {o for o, committed in recorded.items() if not committed or (oldest is not None and o > oldest)}
 
-    def restore(self, recorded: Mapping[int, bool], held: Iterable[Unit], queued: Iterable[ViewUpdate]) -> list[Unit]:
+    def restore(
+        self, recorded: Mapping[int, bool], held: Iterable[Unit], queued: Iterable[ViewUpdate], folded: int = 0
+    ) -> list[Unit]:
         """Rebuild the state after a restart from what was recorded: W from the committed
-        orders of ``recorded`` (order -> committed), new order numbers after every recorded
-        one, the RPU from the committed units of ``held`` (those ``held_after_restart``
+        orders of ``recorded`` (order -> committed) after ``folded`` (every order through it
+        committed, its record pruned), new order numbers after every recorded one, the RPU from the committed units of ``held`` (those ``held_after_restart``
         names, rebuilt from the update log) and the UMQ from ``queued`` (logged updates in no
         unit, in arrival order). Returns the uncommitted units of ``held``, for ``recover``.
 
@@ -411,9 +413,13 @@ class ViewProtocol:
         [2]
         >>> p.watermark, sorted(p.rpu), len(p.umq), p.next_order
         (1, [3], 1, 4)
+        >>> q = ViewProtocol(parallelism=2)
+        >>> q.restore({7: True, 8: False}, [], [], folded=6), q.watermark, q.next_order  # 1-6 were pruned
+        ([], 7, 9)
         """
+        self.watermark = max(self.watermark, folded)
         self.mark_committed(order for order, committed in recorded.items() if committed)
-        self.next_order = max((order + 1 for order in recorded), default=self.next_order)
+        self.next_order = max(self.next_order, folded + 1, *(order + 1 for order in recorded))
         uncommitted = []
         for unit in held:
             if recorded[unit.order]:

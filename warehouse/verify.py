@@ -59,7 +59,7 @@ from contract.schemas import Subquery
 from contract.zset import Row, ZSet
 from warehouse.analysts.messages import VerifyRelation, VerifyRequest
 from warehouse.analysts.verification import differences
-from warehouse.catalog.db import Catalog, LogEntry, UnitInfo
+from warehouse.catalog.db import Catalog, LogEntry
 from warehouse.engine_load import SnapshotSource, load_sql, snapshot_request, stage, write_taken_back
 from warehouse.errors import Busy, Conflict, NotFound, Unsupported
 from warehouse.plan import ViewPlan
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from warehouse.analysts.supervisor import AnalystProcess
     from warehouse.manager import Manager, ViewHandle
 
-__all__ = ["Report", "SourceCut", "Verifications", "differences", "reflected_seqs", "verify_view"]
+__all__ = ["Report", "SourceCut", "Verifications", "differences", "verify_view"]
 
 ATTEMPTS = 3  # a compaction may fold W away while the sources are read: the check starts over
 MAX_VERIFICATIONS = 1  # at once over all views of a manager (pvm serve --max-verifications)
@@ -132,21 +132,6 @@ class Report:
 
 
 # -- the pure parts ------------------------------------------------------------------------------
-
-
-def reflected_seqs(
-    units: Sequence[UnitInfo], entries: Mapping[int, LogEntry], bases: Mapping[str, int], watermark: int
-) -> dict[str, int]:
-    """Per source, the last seq the view reflects as of ``watermark``: updates enter the
-    serialization order in seq order per source, so the units up to W cover a seq prefix."""
-    upto = dict(bases)
-    for unit in units:
-        if unit.order > watermark:
-            continue
-        for log_id in unit.log_ids:
-            entry = entries[log_id]
-            upto[entry.source] = max(upto.get(entry.source, 0), entry.seq)
-    return upto
 
 
 def roll_back(
@@ -334,12 +319,11 @@ def _made(path: Path) -> Path:
     return path
 
 
-async def _reflected_as_of(manager: Manager, name: str, handle: ViewHandle, watermark: int) -> dict[str, int]:
-    """Per source, the last seq the view as of ``watermark`` reflects."""
-    units = [u for u in await manager.db(Catalog.units, name) if u.order <= watermark]
-    ids = [i for u in units for i in u.log_ids]
-    entries = {e.id: e for e in await manager.db(Catalog.log_entries, None, 0, ids)} if ids else {}
-    return reflected_seqs(units, entries, dict(handle.bases or {}), watermark)
+async def _reflected_as_of(manager: Manager, name: str, watermark: int) -> dict[str, int]:
+    """Per source, the last seq the view as of ``watermark`` reflects: the updates after it
+    are in the update log still, since pruning keeps what the view has not reflected at
+    its recorded W, and ``watermark`` is at least that."""
+    return await manager.db(Catalog.reflected, name, watermark)
 
 
 async def _staged_as_of(
@@ -357,7 +341,7 @@ async def _staged_as_of(
     negated weights. Returns the SQL that recomputes the view's stored rows from those files
     (``engine_load.load_sql``). No row of a relation becomes a Python object here."""
     plan = handle.plan
-    upto = await _reflected_as_of(manager, name, handle, watermark)
+    upto = await _reflected_as_of(manager, name, watermark)
     files: list[tuple[str, str | None]] = []
     cuts: list[SourceCut] = []
     for j, relation in enumerate(plan.relations):
@@ -397,7 +381,7 @@ async def _relations_as_of(
     """Every relation of the view in the state the view claims to reflect as of
     ``watermark``: its wrapper's snapshot, minus the logged updates after the view's cut."""
     plan = handle.plan
-    upto = await _reflected_as_of(manager, name, handle, watermark)
+    upto = await _reflected_as_of(manager, name, watermark)
 
     contents: dict[tuple[str, str], ZSet] = {}
     cuts: list[SourceCut] = []

@@ -25,7 +25,7 @@ from warehouse.analysts.supervisor import AnalystProcess
 from warehouse.manager import Manager
 from warehouse.store.memory import MemoryStore
 from warehouse.store.spark import SparkStore
-from warehouse.verify import Report, differences, reflected_seqs, verify_view
+from warehouse.verify import Report, differences, verify_view
 
 pytestmark = pytest.mark.spark
 
@@ -218,16 +218,7 @@ async def test_verify_without_spark_recomputes_in_python(tmp_path) -> None:
         await manager.stop()
 
 
-def test_differences_and_reflected_seqs() -> None:
-    from warehouse.catalog.db import LogEntry, UnitInfo
-
+def test_differences() -> None:
     missing, extra, m, e = differences(ZSet({(1,): 2, (2,): 1}), ZSet({(1,): 1, (3,): 1, (2,): 1}), 10)
     assert (missing, extra, m, e) == ([((1,), 1)], [((3,), 1)], 1, 1)
-    entries = {
-        1: LogEntry(1, "a", 5, [], None, 0.0),
-        2: LogEntry(2, "b", 2, [], None, 0.0),
-        3: LogEntry(3, "a", 6, [], None, 0.0),
-    }
-    units = [UnitInfo(1, (), True), UnitInfo(2, (1, 2), True), UnitInfo(3, (3,), True)]
-    assert reflected_seqs(units, entries, {"a": 4, "b": 0}, watermark=2) == {"a": 5, "b": 2}
     assert Report("v", ["x"], 1, "python", 0, 0, [], [], 0, 0).equal

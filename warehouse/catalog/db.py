@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy import create_engine, delete, event, func, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
 from sqlalchemy.orm import Session
 
@@ -71,6 +71,18 @@ class ViewInfo:
     watermark: int
     error: str | None
     created_at: float
+    folded_order: int = 0  # unit records through this order were pruned ...
+    folded_seqs: dict[str, int] = field(default_factory=dict)  # ... and the view as of it reflects these seqs
+
+    def start(self) -> tuple[int, dict[str, int]]:
+        """Where the view's record of units starts: the order whose state reflects each
+        source through the seq given (the folded units', else the initial load's bases;
+        order 0 then: the initial load's own order is in its unit record).
+
+        >>> ViewInfo("v", "", 1, 1, "", "active", {"s": 4, "t": 0}, 9, None, 0.0, 7, {"s": 6}).start()
+        (7, {'s': 6, 't': 0})
+        """
+        return self.folded_order, {s: max(seq, self.folded_seqs.get(s, 0)) for s, seq in self.bases.items()}
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,49 @@ class UnitInfo:
     committed: bool
     started_at: float | None = None
     committed_at: float | None = None
+    source: str | None = None  # the one source whose updates the unit holds (None: the initial load)
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What one pruning transaction removed: log entries, and unit records."""
+
+    entries: int = 0
+    units: int = 0
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.entries + other.entries, self.units + other.units)
+
+
+@dataclass(frozen=True)
+class PruneReach:
+    """What the manager's memory allows pruning: ``released``, per source, the seq through
+    which the receiver released its updates (a source left out is not pruned); ``passed``,
+    per view and source, a seq through which every update the view holds in no unit at or
+    below its recorded W is one it does not read (never queued, so nothing of the view
+    needs it)."""
+
+    released: Mapping[str, int]
+    passed: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def reflected_through(start: Mapping[str, int], units: Sequence[UnitInfo], order: int) -> dict[str, int]:
+    """Per source, the last seq a view as of ``order`` reflects: ``start`` (its base, or
+    where its record of units starts), raised by the last seq of every unit at or below
+    ``order``. A source's updates enter units in seq order, so these cover a prefix of it.
+
+    >>> units = [UnitInfo(2, (7,), True, source="s", first_seq=5, last_seq=6), UnitInfo(3, (8,), False, source="s",
+    ...     first_seq=7, last_seq=7)]
+    >>> reflected_through({"s": 4, "t": 1}, units, 2)
+    {'s': 6, 't': 1}
+    """
+    upto = dict(start)
+    for unit in units:
+        if unit.order <= order and unit.source is not None and unit.last_seq is not None:
+            upto[unit.source] = max(upto.get(unit.source, 0), unit.last_seq)
+    return upto
 
 
 def _sqlite_pragmas(engine: Engine) -> None:
@@ -278,6 +333,8 @@ class Catalog:
                     v.watermark,
                     v.error,
                     v.created_at,
+                    v.folded_order,
+                    dict(v.folded_seqs or {}),
                 )
                 for v in s.scalars(select(ViewRow))
             }
@@ -298,7 +355,10 @@ class Catalog:
         content (rows logged without a digest are digested from their stored changes)."""
         now = time.time()
         with Session(self.engine) as s, s.begin():
-            wanted = {u.seq: u for u in updates}
+            # a seq pruned already was logged, reflected by every view and removed: a resend
+            # of it is a duplicate (its content can no longer be compared)
+            pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+            wanted = {u.seq: u for u in updates if u.seq > pruned}
             q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
             stored: dict[int, str | None] = dict(s.execute(q).all())  # (seq, digest) rows
             self._check_same_content(s, source, wanted, stored)
@@ -364,16 +424,19 @@ class Catalog:
 
     def log_positions(self, source: str) -> tuple[int, dict[int, int]]:
         """Where a source's log stands, for the receiver's cursor after a restart: the last
-        seq of its gapless prefix (seqs start at 1), and the seq -> log id of every stored
-        update after a gap. Reads two integers per update only when there is a gap."""
+        seq of its gapless prefix (seqs start at 1; the pruned ones count as logged), and the
+        seq -> log id of every stored update after a gap. Reads two integers per update only
+        when there is a gap."""
         with Session(self.engine) as s:
+            pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+            after = (LogRow.source == source, LogRow.seq > pruned)
             count, last = s.execute(
-                select(func.count(LogRow.id), func.coalesce(func.max(LogRow.seq), 0)).where(LogRow.source == source)
+                select(func.count(LogRow.id), func.coalesce(func.max(LogRow.seq), 0)).where(*after)
             ).one()
-            if count == last:
-                return int(last), {}
-            q = select(LogRow.seq, LogRow.id).where(LogRow.source == source).order_by(LogRow.seq)
-            through, held = 0, dict[int, int]()
+            if count == 0 or count == last - pruned:
+                return max(int(last), pruned), {}
+            q = select(LogRow.seq, LogRow.id).where(*after).order_by(LogRow.seq)
+            through, held = pruned, dict[int, int]()
             for seq, log_id in s.execute(q):
                 if not held and seq == through + 1:
                     through = seq
@@ -383,8 +446,18 @@ class Catalog:
 
     # -- maintenance units ---------------------------------------------------------------
     def start_unit(self, view: str, order: int, log_ids: Sequence[int]) -> None:
+        """Record unit ``order`` of ``view`` and the log entries it maintains (none: the
+        initial load), with the seqs it holds (its first and last entry's), which outlive
+        the entries once the log is pruned."""
         with Session(self.engine) as s, s.begin():
-            s.add(UnitRow(view=view, order_no=order, log_ids=list(log_ids), committed=False, started_at=time.time()))
+            row = UnitRow(view=view, order_no=order, log_ids=list(log_ids), committed=False, started_at=time.time())
+            if log_ids:
+                q = select(LogRow.id, LogRow.source, LogRow.seq).where(LogRow.id.in_({log_ids[0], log_ids[-1]}))
+                ends = {log_id: (source, seq) for log_id, source, seq in s.execute(q)}
+                if log_ids[0] in ends and log_ids[-1] in ends:
+                    row.source, row.first_seq = ends[log_ids[0]]
+                    row.last_seq = ends[log_ids[-1]][1]
+            s.add(row)
 
     def commit_units(self, view: str, orders: Sequence[int], watermark: int) -> None:
         with Session(self.engine) as s, s.begin():
@@ -399,8 +472,143 @@ class Catalog:
         with Session(self.engine) as s:
             q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
             return [
-                UnitInfo(u.order_no, tuple(u.log_ids), u.committed, u.started_at, u.committed_at) for u in s.scalars(q)
+                UnitInfo(
+                    u.order_no,
+                    tuple(u.log_ids),
+                    u.committed,
+                    u.started_at,
+                    u.committed_at,
+                    u.source,
+                    u.first_seq,
+                    u.last_seq,
+                )
+                for u in s.scalars(q)
             ]
+
+    # -- pruning: what no reader can need any more (docs/protocol.md, "Pruning the update log") --
+    def prune(self, reach: PruneReach, before: float, most: int, keep_units: int) -> Pruned:
+        """Remove, in one transaction, at most ``most`` log entries and ``most`` unit records
+        that no reader can need any more:
+
+        * of each source in ``reach.released``, the entries through the least seq every view
+          reading it reflects at its recorded W (its base, or the last seq of its units at or
+          below W; or, further, ``reach.passed``: up to there it holds nothing it reads
+          outside those units), received before ``before``, in seq order: what is removed is
+          always a prefix, and ``sources.pruned_through`` says where it ends;
+        * of each view, the committed unit records at or below its recorded W but the newest
+          ``keep_units`` of them, committed before ``before``, folded into ``folded_order``
+          and ``folded_seqs`` (the state as of that order reflects those seqs).
+
+        Only the catalog's durable state decides what a view reflects: a W the manager holds
+        in memory and has not recorded yet counts for nothing here."""
+        with Session(self.engine) as s, s.begin():
+            views = list(s.scalars(select(ViewRow)))
+            bound = dict(reach.released)
+            for view in views:
+                passed = reach.passed.get(view.name, {})
+                for source, seq in self._reflected(s, view, view.watermark).items():
+                    if source in bound:
+                        bound[source] = min(bound[source], max(seq, passed.get(source, 0)))
+            entries = 0
+            for source, through in sorted(bound.items()):
+                if entries < most:
+                    entries += self._prune_entries(s, source, through, before, most - entries)
+            units = 0
+            for view in views:
+                if units < most:
+                    units += self._fold_units(s, view, before, most - units, keep_units)
+            return Pruned(entries, units)
+
+    def reflected(self, view: str, order: int) -> dict[str, int]:
+        """Per source of ``view``, the last seq its state as of ``order`` reflects (its
+        base, or the last seq of its units at or below ``order``; a source's updates enter
+        units in seq order, so everything of it up to there is reflected). Read in one
+        transaction with what pruning folded into the view's row."""
+        with Session(self.engine) as s:
+            row = s.get(ViewRow, view)
+            if row is None:
+                raise UnknownName(f"unknown view {view!r}")
+            return self._reflected(s, row, order)
+
+    @staticmethod
+    def _reflected(s: Session, view: ViewRow, order: int) -> dict[str, int]:
+        upto = _start_seqs(view)
+        q = (
+            select(UnitRow.source, func.max(UnitRow.last_seq))
+            .where(UnitRow.view == view.name, UnitRow.order_no <= order, UnitRow.source.is_not(None))
+            .group_by(UnitRow.source)
+        )
+        for source, last in s.execute(q):
+            if source in upto and last is not None:
+                upto[source] = max(upto[source], int(last))
+        return upto
+
+    @staticmethod
+    def _prune_entries(s: Session, source: str, through: int, before: float, most: int) -> int:
+        """Remove the entries of ``source`` after its pruned prefix up to seq ``through``,
+        received before ``before``, at most ``most``; how many."""
+        row = s.get(SourceRow, source)
+        if row is None or through <= row.pruned_through:
+            return 0
+        q = (
+            select(LogRow.seq, LogRow.received_at)
+            .where(LogRow.source == source, LogRow.seq > row.pruned_through, LogRow.seq <= through)
+            .order_by(LogRow.seq)
+            .limit(most)
+        )
+        upto = row.pruned_through
+        for seq, received_at in s.execute(q):
+            if received_at >= before:
+                break
+            upto = seq
+        if upto == row.pruned_through:
+            return 0
+        done = s.execute(
+            delete(LogRow).where(LogRow.source == source, LogRow.seq > row.pruned_through, LogRow.seq <= upto)
+        )
+        assert isinstance(done, CursorResult)  # what a DELETE statement returns
+        row.pruned_through = upto
+        return done.rowcount
+
+    @staticmethod
+    def _fold_units(s: Session, view: ViewRow, before: float, most: int, keep: int) -> int:
+        """Remove the oldest committed unit records of ``view`` at or below its W, keeping
+        the newest ``keep`` of them (a restart rebuilds the view's record of units from
+        these); fold what they reflected into the view's row. How many were removed."""
+        kept_from = s.scalar(
+            select(UnitRow.order_no)
+            .where(UnitRow.view == view.name, UnitRow.order_no <= view.watermark)
+            .order_by(UnitRow.order_no.desc())
+            .offset(keep)
+            .limit(1)
+        )
+        if kept_from is None:
+            return 0
+        q = (
+            select(UnitRow.order_no, UnitRow.source, UnitRow.last_seq, UnitRow.committed_at)
+            .where(UnitRow.view == view.name, UnitRow.order_no <= kept_from)
+            .order_by(UnitRow.order_no)
+            .limit(most)
+        )
+        upto = _start_seqs(view)
+        through = None
+        for order, source, last, committed_at in s.execute(q):
+            if committed_at is None or committed_at >= before:
+                break
+            through = order
+            if source is not None and last is not None:
+                upto[source] = max(upto.get(source, 0), int(last))
+        if through is None:
+            return 0
+        done = s.execute(delete(UnitRow).where(UnitRow.view == view.name, UnitRow.order_no <= through))
+        assert isinstance(done, CursorResult)
+        view.folded_order, view.folded_seqs = max(view.folded_order, through), upto
+        return done.rowcount
+
+    def log_size(self) -> int:
+        """How many updates the log holds now."""
+        with Session(self.engine) as s:
+            return int(s.scalar(select(func.count(LogRow.id))) or 0)
 
     # -- API tokens (hashes only; see api.auth) --------------------------------------------
     def add_token(self, role: str, source: str | None, name: str, hash: str) -> TokenInfo:
@@ -445,6 +653,12 @@ class Catalog:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
         return True
+
+
+def _start_seqs(view: ViewRow) -> dict[str, int]:
+    """``ViewInfo.start``'s seqs, from the view's row."""
+    folded = dict(view.folded_seqs or {})
+    return {source: max(seq, folded.get(source, 0)) for source, seq in view.bases.items()}
 
 
 def _token_info(row: TokenRow) -> TokenInfo:
@@ -499,6 +713,8 @@ __all__ = [
     "CatalogError",
     "LogEntry",
     "NewUpdate",
+    "PruneReach",
+    "Pruned",
     "RelationInfo",
     "SeqConflict",
     "SourceInfo",
@@ -507,4 +723,5 @@ __all__ = [
     "UnitInfo",
     "ViewInfo",
     "content_digest",
+    "reflected_through",
 ]

@@ -21,6 +21,8 @@ class SourceRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     # the token sent to the wrapper, sealed with the catalog's key file (warehouse.catalog.secrets)
     sealed_manager_token: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # every logged update with seq <= it was pruned (a resend of one is a duplicate)
+    pruned_through: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class RelationRow(Base):
@@ -44,6 +46,9 @@ class ViewRow(Base):
     watermark: Mapped[int] = mapped_column(BigInteger, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # unit records through folded_order were pruned; the view as of it reflects folded_seqs
+    folded_order: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    folded_seqs: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
 
 
 class LogRow(Base):
@@ -71,6 +76,10 @@ class UnitRow(Base):
     committed: Mapped[bool] = mapped_column(default=False)
     started_at: Mapped[float] = mapped_column(Float)
     committed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the seqs the unit holds: one source's, first to last (None: the initial load)
+    source: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    first_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class StoreTableRow(Base):
