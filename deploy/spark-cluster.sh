@@ -91,6 +91,12 @@ spark_environment() {
   export SPARK_LOCAL_IP=$host
   # spark-class reads conf/spark-env.sh and the like from here; nothing is needed from it
   export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$SPARK_HOME/conf}
+  # the class archive of the service's setup, where this Python has the service installed
+  # (warehouse/store/spark_classes.py): the daemons start sooner
+  local archived
+  archived=$("$python" -c 'from warehouse.store.spark_classes import java_options; print(java_options())' 2>/dev/null) ||
+    archived=""
+  [[ -z $archived ]] || export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:-} $archived"
 }
 
 auth_secret() { # the shared secret, from --auth-secret-file or $SPARK_AUTH_SECRET; empty if none

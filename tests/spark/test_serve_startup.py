@@ -119,7 +119,7 @@ def test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm(tmp_path: P
             pytest.fail("pvm serve did not announce its address")
         match = re.search(r"manager listening on (http://\S+)", line)
         assert match, line
-        http = httpx.Client(base_url=match.group(1), timeout=10)
+        http = httpx.Client(base_url=match.group(1), timeout=60)  # a define on a busy machine took over 10 s
 
         # at once: Spark needs seconds more to start
         views = http.get("/v1/views", headers=admin)

@@ -354,6 +354,7 @@ SPARK_DEFAULTS: dict[str, str] = {
 
 
 def start_spark(args: argparse.Namespace) -> Any:
+    from warehouse.store import spark_classes
     from warehouse.store.spark_session import log_settings, start_session
 
     work = Path(args.work_dir)
@@ -362,7 +363,10 @@ def start_spark(args: argparse.Namespace) -> Any:
     settings.update(
         {
             "spark.driver.memory": args.memory,
-            "spark.driver.extraJavaOptions": f"-XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={work / 'tmp'}",
+            "spark.driver.extraJavaOptions": (
+                f"-XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={work / 'tmp'} "
+                + spark_classes.java_options()
+            ).strip(),
             "spark.local.dir": str(work / "tmp"),
             "spark.sql.warehouse.dir": str(work / "warehouse"),
         }

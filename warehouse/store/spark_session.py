@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from warehouse.store import file_access
+from warehouse.store import file_access, spark_classes
 
 _lock = threading.Lock()
 _session: SparkSession | None = None
@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, str] = {
 }
 
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
 LOG4J_OPTION = "-Dlog4j2.configurationFile="
 LOG_FILE = "spark.log"
 LOG4J_FILE = "spark-log4j2.properties"
@@ -114,6 +115,9 @@ def session_settings(
     ``host``, the store's file modes, then ``conf`` over them, and with ``log_dir`` Spark's
     logs sent to ``log_dir/spark.log`` (also when ``conf`` replaces the Java options)."""
     settings = {**_DEFAULTS, **bind_settings(host), **file_access.spark_settings()}
+    if archived := spark_classes.java_options():  # every JVM maps the installation's class archive
+        settings[JAVA_OPTIONS] = f"{settings[JAVA_OPTIONS]} {archived}"
+        settings[EXECUTOR_JAVA_OPTIONS] = archived  # an executor without the file loads its classes as usual
     if warehouse_dir is not None:
         settings["spark.sql.warehouse.dir"] = str(Path(warehouse_dir).resolve())
     settings.update(conf or {})
