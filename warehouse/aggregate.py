@@ -341,14 +341,18 @@ def summed(s: Summary, body_types: Sequence[str | None]) -> Summed:
 def encode_sql(s: Summary, body: str, types: Sequence[str | None]) -> str:
     """``encode`` in Spark SQL, for a whole body at once (an initial load in the engine):
     the stored rows, then ``_w``, of ``body``, a relation of the body's columns ``b<i>``
-    and a weight ``_w`` (a row standing for ``_w`` copies of itself). ``types``: the stored
-    columns' Spark SQL types (``Summary.stored_types``), which the blank key slots take.
+    and a weight ``_w`` (a row standing for ``_w`` copies of itself). ``body`` may hold a
+    row more than once, and rows whose weights cancel: every number is summed per group
+    (or per group and MIN/MAX value), so only the sums count, as in ``encode``. ``types``:
+    the stored columns' Spark SQL types (``Summary.stored_types``), which the blank key
+    slots take.
 
     >>> s = Summary(groups=1, calls=(Call("count", None), Call("sum", 1), Call("max", 1)),
     ...             outputs=(("g", 0), ("n", 1), ("total", 2), ("top", 3)), names=("g", "x"))
     >>> print(encode_sql(s, "b", ["STRING", "BIGINT", "BIGINT", "BIGINT", "BIGINT"]))  # doctest: +NORMALIZE_WHITESPACE
     SELECT b0, CAST(NULL AS BIGINT), SUM(_w), SUM(CASE WHEN b1 IS NOT NULL THEN _w ELSE 0 END),
-    COALESCE(SUM(b1 * _w), 0), 1L FROM b GROUP BY b0 HAVING COUNT(*) > 0
+    COALESCE(SUM(b1 * _w), 0), 1L FROM b GROUP BY b0 HAVING SUM(_w) <> 0
+    OR SUM(CASE WHEN b1 IS NOT NULL THEN _w ELSE 0 END) <> 0 OR COALESCE(SUM(b1 * _w), 0) <> 0
     UNION ALL SELECT b0, b1, 1L, 0L, 0L, SUM(_w) FROM b WHERE b1 IS NOT NULL GROUP BY b0, b1 HAVING SUM(_w) <> 0
     """
     groups = [f"b{i}" for i in range(s.groups)]
@@ -356,10 +360,11 @@ def encode_sql(s: Summary, body: str, types: Sequence[str | None]) -> str:
     counts = [f"SUM(CASE WHEN b{a} IS NOT NULL THEN _w ELSE 0 END)" for a in s.counted]
     sums = [f"COALESCE(SUM(b{a} * _w), 0)" for a in s.summed]
     by = f" GROUP BY {', '.join(groups)}" if groups else ""
-    # a group's summary row, as ``encode`` writes it for a group with rows (an aggregate
-    # without GROUP BY over no rows has none)
+    # a group's summary row where ``encode`` writes one: some number of it is not 0 (rows
+    # that cancel leave none, and an aggregate without GROUP BY over no rows has none: its
+    # sums are NULL)
     summary = f"SELECT {', '.join([*groups, *blanks, 'SUM(_w)', *counts, *sums, '1L'])} FROM {body}{by}"
-    parts = [summary + " HAVING COUNT(*) > 0"]
+    parts = [summary + " HAVING " + " OR ".join(f"{n} <> 0" for n in ["SUM(_w)", *counts, *sums])]
     zeros = ["0L"] * (len(s.counted) + len(s.summed))
     for j, a in enumerate(s.extremes):
         value = f"b{a}"

@@ -186,13 +186,37 @@ def body_types(plan: ViewPlan, declared: Sequence[Sequence[str]]) -> list[str | 
 def load_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]], declared: Sequence[Sequence[str]]) -> str:
     """What the load appends to the view's z-log: the join's rows (``join_sql``), or for an
     aggregate or DISTINCT view the stored rows ``encode`` would make of them (their columns
-    ``b<i>`` in the body's order)."""
+    ``b<i>`` in the body's order).
+
+    The join's rows are not summed per row: a row may come more than once (a projection
+    that drops a join column), and a row the snapshots hold may come again with the
+    opposite weight (its compensation). Every reader of the z-log sums the weights per row
+    (``spark_sql.sums_sql``, ``summed_sql``, compaction), and ``encode_sql`` sums them per
+    group and per MIN/MAX value, so both mean what their sums mean. One exception: a sum
+    of floating-point values is summed per body row first (``presummed``), or rows that
+    cancel would leave their rounding in it."""
     body = join_sql(plan, relations)
     if plan.summary is None:
         return body
     names = ", ".join([*(f"b{i}" for i in range(len(plan.outputs))), WEIGHT])
-    stored = plan.summary.stored_types(body_types(plan, declared))
+    types = body_types(plan, declared)
+    stored = plan.summary.stored_types(types)
+    if any(types[a] == "DOUBLE" for a in plan.summary.summed):
+        body = presummed(body, len(plan.outputs))
     return f"WITH body AS (SELECT * FROM ({body}) AS joined({names}))\n" + encode_sql(plan.summary, "body", stored)
+
+
+def presummed(rows: str, width: int) -> str:
+    """``rows`` (``width`` columns, then ``_w``) summed per row, rows of sum 0 dropped.
+
+    >>> presummed("SELECT a, _w FROM t", 1)
+    'SELECT c0, SUM(_w) AS _w FROM (SELECT a, _w FROM t) AS body_rows(c0, _w) GROUP BY c0 HAVING SUM(_w) <> 0'
+    """
+    cols = ", ".join(f"c{i}" for i in range(width))
+    return (
+        f"SELECT {cols}, SUM({WEIGHT}) AS {WEIGHT} FROM ({rows}) AS body_rows({cols}, {WEIGHT}) "
+        f"GROUP BY {cols} HAVING SUM({WEIGHT}) <> 0"
+    )
 
 
 def _ident(name: str) -> str:
@@ -201,20 +225,20 @@ def _ident(name: str) -> str:
 
 def join_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]]) -> str:
     """The load's Spark SQL: the view's join over the staged relations (``relations[j]``:
-    the snapshot's Parquet path and its compensation's, if any), weights multiplied and
-    summed per output row.
+    the snapshot's Parquet path and its compensation's, if any), each joined row with the
+    product of its weights. Not summed per output row: the z-log's readers sum per row
+    anyway, and a GROUP BY over every output column cost Spark about as much again as the
+    join (``load_sql``).
 
     >>> from warehouse.plan import OutputColumn, RelationRef
     >>> r = RelationRef("r", "s1", "r", ("a", "b"))
     >>> s = RelationRef("s", "s2", "s", ("b",))
     >>> plan = ViewPlan("v", (r, s), (Cmp("=", Col("r", "b"), Col("s", "b")),), (OutputColumn("a", Col("r", "a")),))
     >>> print(join_sql(plan, [("/st/r0", None), ("/st/r1", "/st/c1")]))
-    SELECT r0.`a`, SUM(r0._w * r1._w) AS _w
+    SELECT r0.`a`, r0._w * r1._w AS _w
     FROM (SELECT `a`, `b`, 1L AS _w FROM parquet.`/st/r0`) r0,
     (SELECT `b`, 1L AS _w FROM parquet.`/st/r1` UNION ALL SELECT `b`, _w FROM parquet.`/st/c1`) r1
     WHERE r0.`b` = r1.`b`
-    GROUP BY r0.`a`
-    HAVING SUM(r0._w * r1._w) <> 0
     """
     position = {r.alias: j for j, r in enumerate(plan.relations)}
 
@@ -231,13 +255,7 @@ def join_sql(plan: ViewPlan, relations: Sequence[tuple[str, str | None]]) -> str
     outputs = ", ".join(column(o.column) for o in plan.outputs)
     weight = " * ".join(f"r{j}.{WEIGHT}" for j in range(len(plan.relations)))
     where = " AND ".join(f"{column(c.left)} = {column(c.right)}" for c in plan.join if isinstance(c, Cmp))  # type: ignore[arg-type]
-    return (
-        f"SELECT {outputs}, SUM({weight}) AS {WEIGHT}\nFROM "
-        + ",\n".join(parts)
-        + "\n"
-        + (f"WHERE {where}\n" if where else "")
-        + f"GROUP BY {outputs}\nHAVING SUM({weight}) <> 0"
-    )
+    return f"SELECT {outputs}, {weight} AS {WEIGHT}\nFROM " + ",\n".join(parts) + (f"\nWHERE {where}" if where else "")
 
 
 def stage(

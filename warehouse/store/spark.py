@@ -183,6 +183,8 @@ class SparkStore:
         self._register(self.base_table(view), meta.base_location, codec.base_schema)
         self._register(self.zlog_table(view), meta.zlog_location, codec.zlog_schema)
         self._register_versions(view, meta, codec)
+        if not part_files(meta.zlog_location):  # a new view's: no Spark job to find no order
+            return _View(view, meta, codec, set())
         orders = self._spark.sql(f"SELECT DISTINCT {ORDER} FROM {self.zlog_table(view)}")
         return _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
 
