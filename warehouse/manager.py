@@ -659,11 +659,12 @@ class Manager:
     async def _recover_view(self, info: ViewInfo) -> None:
         """Rebuild a view's protocol state from the catalog after a restart. A view recorded
         failed is tried again: the cause may be gone (a source back, the store restarted)."""
+        # the row again, with its unit records: they start where pruning folded the older ones
+        info, units = await self.db(Catalog.view_units, info.name)
         plan = parse_view(info.sql, self._schema, info.name)
         protocol = self.new_protocol(info.parallelism, info.batch_size)
         handle = self._new_handle(info, plan, protocol)
         handle.bases = info.bases
-        units = await self.db(Catalog.units, info.name)
         recorded = {u.order: u.committed for u in units}
         held = ViewProtocol.held_after_restart(recorded)
         kept = [u for u in units if u.order in held]

@@ -321,23 +321,7 @@ class Catalog:
 
     def views(self) -> dict[str, ViewInfo]:
         with Session(self.engine) as s:
-            return {
-                v.name: ViewInfo(
-                    v.name,
-                    v.sql,
-                    v.parallelism,
-                    v.batch_size,
-                    v.commit_mode,
-                    v.state,
-                    dict(v.bases),
-                    v.watermark,
-                    v.error,
-                    v.created_at,
-                    v.folded_order,
-                    dict(v.folded_seqs or {}),
-                )
-                for v in s.scalars(select(ViewRow))
-            }
+            return {v.name: _view_info(v) for v in s.scalars(select(ViewRow))}
 
     def drop_view(self, name: str) -> None:
         with Session(self.engine) as s, s.begin():
@@ -470,20 +454,36 @@ class Catalog:
 
     def units(self, view: str) -> list[UnitInfo]:
         with Session(self.engine) as s:
-            q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
-            return [
-                UnitInfo(
-                    u.order_no,
-                    tuple(u.log_ids),
-                    u.committed,
-                    u.started_at,
-                    u.committed_at,
-                    u.source,
-                    u.first_seq,
-                    u.last_seq,
-                )
-                for u in s.scalars(q)
-            ]
+            return self._units(s, view)
+
+    def view_units(self, view: str) -> tuple[ViewInfo, list[UnitInfo]]:
+        """The view's row and its unit records, read together: where its record of units
+        starts (``ViewInfo.start``) and the records after it. Read apart, a pruning round in
+        between may fold records that the row read first does not count yet, and the
+        records read then would start after a gap (docs/protocol.md, "Pruning the update
+        log"). One session, on the catalog's one thread: nothing is written in between."""
+        with Session(self.engine) as s:
+            row = s.get(ViewRow, view)
+            if row is None:
+                raise UnknownName(f"unknown view {view!r}")
+            return _view_info(row), self._units(s, view)
+
+    @staticmethod
+    def _units(s: Session, view: str) -> list[UnitInfo]:
+        q = select(UnitRow).where(UnitRow.view == view).order_by(UnitRow.order_no)
+        return [
+            UnitInfo(
+                u.order_no,
+                tuple(u.log_ids),
+                u.committed,
+                u.started_at,
+                u.committed_at,
+                u.source,
+                u.first_seq,
+                u.last_seq,
+            )
+            for u in s.scalars(q)
+        ]
 
     # -- pruning: what no reader can need any more (docs/protocol.md, "Pruning the update log") --
     def prune(self, reach: PruneReach, before: float, most: int, keep_units: int) -> Pruned:
@@ -653,6 +653,23 @@ class Catalog:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
         return True
+
+
+def _view_info(v: ViewRow) -> ViewInfo:
+    return ViewInfo(
+        v.name,
+        v.sql,
+        v.parallelism,
+        v.batch_size,
+        v.commit_mode,
+        v.state,
+        dict(v.bases),
+        v.watermark,
+        v.error,
+        v.created_at,
+        v.folded_order,
+        dict(v.folded_seqs or {}),
+    )
 
 
 def _start_seqs(view: ViewRow) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Double, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -13,12 +13,16 @@ class Base(DeclarativeBase):
     pass
 
 
+# Times are seconds since the epoch, in ``Double``: a bare ``Float`` is single precision on
+# MariaDB and MySQL, 128 s apart at today's epoch (migration 0006).
+
+
 class SourceRow(Base):
     __tablename__ = "sources"
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     wrapper_url: Mapped[str] = mapped_column(String(500))
     capture: Mapped[str] = mapped_column(String(50), default="trigger")
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Double)
     # the token sent to the wrapper, sealed with the catalog's key file (warehouse.catalog.secrets)
     sealed_manager_token: Mapped[str | None] = mapped_column(Text, nullable=True)
     # every logged update with seq <= it was pruned (a resend of one is a duplicate)
@@ -45,7 +49,7 @@ class ViewRow(Base):
     bases: Mapped[dict[str, int]] = mapped_column(JSON)  # source -> last seq before the view
     watermark: Mapped[int] = mapped_column(BigInteger, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Double)
     # unit records through folded_order were pruned; the view as of it reflects folded_seqs
     folded_order: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     folded_seqs: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
@@ -61,8 +65,8 @@ class LogRow(Base):
     seq: Mapped[int] = mapped_column(BigInteger)
     changes: Mapped[list[Any]] = mapped_column(JSON)
     txid: Mapped[str | None] = mapped_column(String(100), nullable=True)
-    captured_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    received_at: Mapped[float] = mapped_column(Float)
+    captured_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    received_at: Mapped[float] = mapped_column(Double)
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # of the changes; None: logged before 0003
 
 
@@ -74,8 +78,8 @@ class UnitRow(Base):
     order_no: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     log_ids: Mapped[list[int]] = mapped_column(JSON)  # empty list: the initial load
     committed: Mapped[bool] = mapped_column(default=False)
-    started_at: Mapped[float] = mapped_column(Float)
-    committed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float] = mapped_column(Double)
+    committed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     # the seqs the unit holds: one source's, first to last (None: the initial load)
     source: Mapped[str | None] = mapped_column(String(100), nullable=True)
     first_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -100,5 +104,5 @@ class TokenRow(Base):
     source: Mapped[str | None] = mapped_column(String(100), nullable=True)
     name: Mapped[str] = mapped_column(String(200))
     hash: Mapped[str] = mapped_column(String(300))
-    created_at: Mapped[float] = mapped_column(Float)
-    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
