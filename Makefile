@@ -3,9 +3,9 @@
 # The virtualenv: $PVM_VENV if set (as the README says), else ~/.cache/pvm/venv.
 VENV ?= $(or $(PVM_VENV),$(HOME)/.cache/pvm/venv)
 export PVM_VENV := $(VENV)
-# pytest-xdist workers of make test: the Spark tests share two (a session JVM each, --dist
-# loadgroup and their xdist_groups in tests/conftest.py), the rest spread over all
-WORKERS ?= 3
+# pytest-xdist workers of make test: the Spark tests share one (one session JVM, --dist
+# loadgroup and their xdist_group in tests/conftest.py), the rest spread over all
+WORKERS ?= 2
 
 .PHONY: setup demo test test-fast check format
 setup:

@@ -13,12 +13,9 @@ Markers (declared in pyproject.toml, checked with ``--strict-markers``):
 
 ``make test-fast`` runs the rest: no Spark, no servers, for the edit-test loop.
 
-``make test`` runs on three pytest-xdist workers with ``--dist loadgroup``: the tests under
-``tests/spark/`` are in two groups, ``spark`` and ``spark-b`` (``SECOND_SESSION``), so two
-workers run them, each on one Spark session and one analysts' query process of its own, and
-the other tests spread over every worker. (One group was nine tenths of the run's wall time:
-its worker was the critical path while the suite, waiting on servers and timeouts, used
-less than two cores.) The exceptions
+``make test`` runs on pytest-xdist workers with ``--dist loadgroup``: the tests under
+``tests/spark/`` are in the group ``spark``, so one worker runs them all, on one Spark session
+and one analysts' query process, and the other tests spread over every worker. The exceptions
 (``OWN_JVMS`` below) start a JVM or two of their own and never touch the session's: the
 script's own master and worker, a session started as ``pvm serve`` starts its own, and one
 ``pvm serve`` on ``local[1]``; they spread like the rest. (Letting the cluster deployment's
@@ -58,18 +55,6 @@ OWN_JVMS = frozenset(
     }
 )
 SESSION_JVMS = frozenset({"spark", "analysts"})  # session fixtures of tests/spark/conftest.py
-# Spark test files that run on a second session, on another worker: about half the Spark
-# group's time (the cluster deployment, the analysts' isolation, the benchmarks' CLIs)
-SECOND_SESSION = frozenset(
-    {
-        "test_cluster_deployment.py",
-        "test_analysts_isolation.py",
-        "test_bench_abuse_cli.py",
-        "test_bench_aggregate_cli.py",
-        "test_bench_commit_cli.py",
-        "test_bench_load_cli.py",
-    }
-)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -81,8 +66,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # starts the session's Spark and analysts' query process once, not once a worker,
             # and the JVM-heavy tests (the cluster deployment's) do not run beside them
             if not own_jvms(item):
-                group = "spark-b" if Path(item.path).name in SECOND_SESSION else "spark"
-                item.add_marker(pytest.mark.xdist_group(group))
+                item.add_marker(pytest.mark.xdist_group("spark"))
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
 
