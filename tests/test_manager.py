@@ -192,7 +192,9 @@ async def test_sweep_runs_one_unit_at_a_time(tmp_path):
 
 async def commit_sequence(tmp_path, mode: str, seed: int) -> tuple[list[int], bool]:
     store = MemoryStore()
-    delays = Delays(before_snapshot=0.003, evaluation=0.006)
+    # answers take 0-50 ms at random: wide enough that a later unit's answer often comes
+    # before an earlier one's even when a busy machine adds its own milliseconds
+    delays = Delays(before_snapshot=0.003, evaluation=0.05)
     manager, sources = await start_sim_manager(
         tmp_path / f"{mode}{seed}.db", TABLES, store=store, seed=seed, delays=delays
     )
