@@ -532,7 +532,7 @@ class Catalog:
 
     @staticmethod
     def _reflected(s: Session, view: ViewRow, order: int) -> dict[str, int]:
-        upto = _start_seqs(view)
+        upto = _view_info(view).start()[1]
         q = (
             select(UnitRow.source, func.max(UnitRow.last_seq))
             .where(UnitRow.view == view.name, UnitRow.order_no <= order, UnitRow.source.is_not(None))
@@ -590,7 +590,7 @@ class Catalog:
             .order_by(UnitRow.order_no)
             .limit(most)
         )
-        upto = _start_seqs(view)
+        upto = _view_info(view).start()[1]
         through = None
         for order, source, last, committed_at in s.execute(q):
             if committed_at is None or committed_at >= before:
@@ -670,12 +670,6 @@ def _view_info(v: ViewRow) -> ViewInfo:
         v.folded_order,
         dict(v.folded_seqs or {}),
     )
-
-
-def _start_seqs(view: ViewRow) -> dict[str, int]:
-    """``ViewInfo.start``'s seqs, from the view's row."""
-    folded = dict(view.folded_seqs or {})
-    return {source: max(seq, folded.get(source, 0)) for source, seq in view.bases.items()}
 
 
 def _token_info(row: TokenRow) -> TokenInfo:

@@ -121,7 +121,7 @@ def _typical_jobs(spark: Any, work: Path) -> None:
         "SELECT a.k % 7 AS g, COUNT(*) AS n, SUM(a.w * b.w) AS w, MAX(b.v) AS m FROM z a JOIN z b ON a.k = b.k "
         "WHERE a.v <> 'x' GROUP BY a.k % 7 HAVING SUM(a.w * b.w) <> 0 ORDER BY g"
     )
-    joined.toArrow() if hasattr(joined, "toArrow") else joined.toPandas()
+    joined.toArrow()
     joined.write.mode("append").format("parquet").saveAsTable("archived_t")
     spark.sql("SELECT * FROM archived_t UNION ALL SELECT * FROM archived_t").collect()
 
