@@ -355,7 +355,7 @@ SPARK_DEFAULTS: dict[str, str] = {
 
 def start_spark(args: argparse.Namespace) -> Any:
     from warehouse.store import spark_classes
-    from warehouse.store.spark_session import log_settings, start_session
+    from warehouse.store.spark_session import C1_ONLY, log_settings, start_session
 
     work = Path(args.work_dir)
     (work / "tmp").mkdir(parents=True, exist_ok=True)
@@ -364,8 +364,7 @@ def start_spark(args: argparse.Namespace) -> Any:
         {
             "spark.driver.memory": args.memory,
             "spark.driver.extraJavaOptions": (
-                f"-XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={work / 'tmp'} "
-                + spark_classes.java_options()
+                f"{C1_ONLY} -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={work / 'tmp'} " + spark_classes.java_options()
             ).strip(),
             "spark.local.dir": str(work / "tmp"),
             "spark.sql.warehouse.dir": str(work / "warehouse"),

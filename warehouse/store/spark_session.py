@@ -24,6 +24,11 @@ from warehouse.store import file_access, spark_classes
 _lock = threading.Lock()
 _session: SparkSession | None = None
 
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+"""The JIT at its first tier, with the code cache tiered compilation would have: C1 alone
+gets 48 MB by default, and a long-lived JVM answering many distinct queries (the analysts'
+process behind Spark Connect) ran out of it ("Out of space in CodeCache for adapters")."""
+
 # Settings that suit a small, latency-bound workload: appends of a few thousand rows and
 # aggregations over modest views, where the default 200 shuffle partitions would mostly
 # schedule empty tasks. The JIT stops at its first tier (C1): the optimizing compiler (C2)
@@ -39,7 +44,7 @@ _session: SparkSession | None = None
 # files per version.
 _DEFAULTS: dict[str, str] = {
     "spark.sql.filesourceTableRelationCacheSize": "0",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.driver.extraJavaOptions": C1_ONLY,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
