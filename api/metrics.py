@@ -226,6 +226,12 @@ def _pruning_metrics(c: PruneCounters) -> Iterator[Metric]:
         "Committed unit records removed (folded into their view's record) once no reader needed them",
         value=c.units_pruned,
     )
+    if c.last_round_at is not None:
+        yield GaugeMetricFamily(
+            "pvm_update_log_last_pruned_timestamp_seconds",
+            "When the latest pruning round ended (Unix time): a value that stops moving says pruning fails",
+            value=c.last_round_at,
+        )
     if c.log_entries is not None:
         yield GaugeMetricFamily(
             "pvm_update_log_entries",

@@ -346,6 +346,7 @@ async def test_retention_keeps_young_updates_and_keep_update_log_keeps_all(tmp_p
         assert (await manager.pruner.round(now=time.time() + 3601)).entries == 10
         metrics = render(registry_for(manager))[0].decode()
         assert "pvm_update_log_pruned_total 10.0" in metrics and "pvm_update_log_entries 0.0" in metrics, metrics
+        assert "pvm_update_log_last_pruned_timestamp_seconds " in metrics
     finally:
         await manager.stop()
     manager, _ = await start_sim_manager(tmp_path / "catalog.db", TABLES, store, sources=sources)

@@ -39,9 +39,6 @@ class Histogram:
         self.count += 1
         self.total += value
 
-    def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
-
     def buckets(self) -> list[tuple[str, int]]:
         """Cumulative counts by upper bound, as Prometheus exposes them."""
         out, running = [], 0
@@ -66,7 +63,6 @@ class ViewCounters:
     commit_groups: int = 0
     peak_running: int = 0
     retries: int = 0  # attempts repeated after a transient fault
-    last_commit_at: float | None = None
     group_sizes: Histogram = field(default_factory=lambda: Histogram(GROUP_BUCKETS))  # effects per store write
     commit_wait: Histogram = field(default_factory=lambda: Histogram(SECONDS_BUCKETS))  # effect ready -> committed
     subquery_seconds: dict[str, Histogram] = field(default_factory=dict)  # by source

@@ -475,7 +475,6 @@ class ViewMaintainer:
         self.counters.units_committed += len(group)
         self.counters.commit_groups += 1
         self.counters.group_sizes.observe(effects)
-        self.counters.last_commit_at = time.time()
         self.history.fold(self.protocol.watermark)
 
     async def _publish(self) -> None:

@@ -79,9 +79,6 @@ class UpdateQueue:
         """When the update at the front was received (arrival order is receipt order)."""
         return self.front().received_at if self._size else None
 
-    def queued_from(self, source: str) -> int:
-        return len(self._by_source.get(source, ()))
-
     def first_seqs(self) -> dict[str, int]:
         """Per source, the seq of its first queued update."""
         return {source: queue[0].seq for source, queue in self._by_source.items() if queue}

@@ -111,7 +111,3 @@ class WorkerHealth(BaseModel):
     zombie_tasks: int = Field(default=0, description="tasks of cancelled jobs still running")
     views: int
     connect_port: int | None = None
-
-
-class WorkerError(BaseModel):
-    detail: str

@@ -298,15 +298,6 @@ class Catalog:
             )
         return self.sealer
 
-    def remove_source(self, name: str) -> None:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(SourceRow, name)
-            if row is None:
-                raise UnknownName(f"unknown source {name!r}")
-            for r in s.scalars(select(RelationRow).where(RelationRow.source == name)):
-                s.delete(r)
-            s.delete(row)
-
     # -- views ---------------------------------------------------------------------------
     def add_view(self, view: ViewInfo) -> None:
         with Session(self.engine) as s, s.begin():
