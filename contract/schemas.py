@@ -199,8 +199,8 @@ class UpdateBatch(BaseModel):
 class Ack(BaseModel):
     """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap;
     ``parts``, only in the answer to a part that is not the last: how many parts of its update
-    the manager holds (in memory, not durable: a wrapper that sees fewer than it sent resends
-    from part 0)."""
+    the manager has staged (in its catalog: they outlive a restart; a wrapper that sees fewer
+    than it sent resends from part 0)."""
 
     through: int = Field(ge=0, le=INT64_MAX)
     held: list[int] = []

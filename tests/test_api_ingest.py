@@ -2,8 +2,8 @@
 without stopping the event loop, a seq resent with other content is refused (409), a seq too
 far ahead is refused (422) and held updates are visible, numbers outside 64 bits are 422, and
 so is a value that does not fit its column's type, with nothing of its batch acknowledged.
-An update in parts is logged and released whole with its last part; parts out of order, of a
-complete seq, with another txid or beyond what a source may hold unfinished are refused."""
+An update in parts is staged in the catalog and logged and released whole with its last part,
+whatever its size; parts out of order, of a complete seq or with another txid are refused."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 import migrations
 from api.ingest import read_batch
 from tests.api_support import VIEW, api_env
 from warehouse.catalog.db import Catalog
+from warehouse.catalog.models import StagedPartRow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,9 +283,9 @@ def part(seq: int, index: int, last: bool, keys: range, txid: str | None = "t1",
 
 async def test_an_update_in_parts_is_released_whole_with_its_last_part(env):
     c, wrapper = env.client, env.auth("wrapper_a")
-    released: list[tuple[int, int]] = []
+    released: list[tuple[int, str]] = []
     release = env.manager.receiver._release
-    env.manager.receiver._release = lambda entry: (released.append((entry.seq, len(entry.changes))), release(entry))
+    env.manager.receiver._release = lambda entry: (released.append((entry.seq, type(entry).__name__)), release(entry))
     assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json() == {
         "through": 0,
         "held": [],
@@ -293,6 +295,7 @@ async def test_an_update_in_parts_is_released_whole_with_its_last_part(env):
         "parts"
     ] == 2
     assert released == [] and await env.manager.db(Catalog.log_entries, "a", 0) == []  # nothing before the last
+    assert staged(env) == [(1, 0, 3), (1, 1, 3)]  # in the catalog, not in memory
     shown = (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()
     assert (shown["last_seq"], shown["unfinished"]) == (0, {"seq": 1, "parts": 2, "changes": 6})
     assert (await c.post("/v1/updates", json=batch(part(1, 2, True, range(6, 8))), headers=wrapper)).json() == {
@@ -302,21 +305,29 @@ async def test_an_update_in_parts_is_released_whole_with_its_last_part(env):
     [entry] = await env.manager.db(Catalog.log_entries, "a", 0)
     assert (entry.seq, [ch["row"]["k"] for ch in entry.changes]) == (1, list(range(8)))
     assert (await c.get("/v1/sources/a", headers=env.auth("admin"))).json()["unfinished"] is None
-    assert released == [(1, 8)]
+    assert released == [(1, "LogRef")] and staged(env) == []  # by name: the views read it from the log
     # a wrapper that restarted resends from part 0: acknowledged at once, nothing logged twice
     assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json() == {
         "through": 1,
         "held": [],
     }
-    # part 0 starts an update afresh, dropping what was held of it
+    # part 0 starts an update afresh, dropping what was staged of it
     await c.post("/v1/updates", json=batch(part(2, 0, False, range(20, 23), v="old")), headers=wrapper)
     await c.post("/v1/updates", json=batch(part(2, 0, False, range(20, 22))), headers=wrapper)
+    assert staged(env) == [(2, 0, 2)]
     assert (await c.post("/v1/updates", json=batch(part(2, 1, True, range(22, 23))), headers=wrapper)).json()[
         "through"
     ] == 2
     logged = (await env.manager.db(Catalog.log_entries, "a", 0))[-1]
     assert [(ch["row"]["k"], ch["row"]["v"]) for ch in logged.changes] == [(20, "x"), (21, "x"), (22, "x")]
-    assert released == [(1, 8), (2, 3)]
+    assert released == [(1, "LogRef"), (2, "LogRef")]
+
+
+def staged(env) -> list[tuple[int, int, int]]:
+    """(seq, part, changes) of what source ``a`` has staged in the catalog."""
+    with env.manager.catalog.engine.connect() as conn:
+        q = sa.select(StagedPartRow.seq, StagedPartRow.part, StagedPartRow.count).where(StagedPartRow.source == "a")
+        return [tuple(row) for row in conn.execute(q.order_by(StagedPartRow.seq, StagedPartRow.part))]
 
 
 async def test_bad_part_sequences_are_refused_naming_the_problem(env):
@@ -356,16 +367,22 @@ async def test_bad_part_sequences_are_refused_naming_the_problem(env):
         assert r.status_code == 422 and "part" in r.text, r.text
 
 
-async def test_what_a_source_holds_unfinished_is_bounded(env):
+async def test_no_update_is_refused_for_its_size(env):
+    """Parts are staged in the catalog, so what a source has unfinished is not bounded by the
+    manager's memory: 60 parts are taken, each answered with the parts held, and the update
+    is logged whole with the last."""
     c, wrapper = env.client, env.auth("wrapper_a")
-    env.manager.receiver.max_unfinished = 5
-    assert (await c.post("/v1/updates", json=batch(part(1, 0, False, range(3))), headers=wrapper)).json()["parts"] == 1
-    r = await c.post("/v1/updates", json=batch(part(1, 1, False, range(3, 6))), headers=wrapper)
-    assert r.status_code == 413 and all(w in r.json()["detail"] for w in ("6 changes", "more than the 5")), r.text
-    assert env.manager.receiver._cursors["a"].assembly is None  # dropped: its memory is free
-    r = await c.post("/v1/updates", json=batch(part(1, 1, True, range(3, 4))), headers=wrapper)
-    assert r.status_code == 409 and "no part of it" in r.json()["detail"]
-    assert (await c.post("/v1/updates", json=batch(part(1, 0, True, range(5))), headers=wrapper)).json()["through"] == 1
+    for index in range(59):
+        r = await c.post(
+            "/v1/updates", json=batch(part(1, index, False, range(5 * index, 5 * index + 5))), headers=wrapper
+        )
+        assert r.json() == {"through": 0, "held": [], "parts": index + 1}, r.text
+    staging = env.manager.receiver._cursors["a"].staging
+    assert (staging.parts, staging.changes) == (59, 295) and len(staged(env)) == 59  # counts here, rows there
+    r = await c.post("/v1/updates", json=batch(part(1, 59, True, range(295, 300))), headers=wrapper)
+    assert r.json() == {"through": 1, "held": []}
+    [entry] = await env.manager.db(Catalog.log_entries, "a", 0)
+    assert [ch["row"]["k"] for ch in entry.changes] == list(range(300)) and staged(env) == []
 
 
 async def test_held_updates_wait_in_the_log_and_are_released_in_order(env):

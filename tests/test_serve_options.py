@@ -107,7 +107,7 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications", "--max-unfinished-changes"])
+@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications", "--max-queued-changes"])
 def test_counts_must_be_positive(tmp_path, capsys, value: str, option: str) -> None:
     code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"{option}={value}")
     assert code == 2 and option in err, err
@@ -142,8 +142,6 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "7",
                 "--seq-window",
                 "50",
-                "--max-unfinished-changes",
-                "5000",
                 "--max-queued-changes",
                 "300",
                 "--max-verifications",
@@ -161,7 +159,6 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "catalog_key_file": tmp_path / "catalog.key",
         "stall_after_s": 60.0,
         "seq_window": 50,
-        "max_unfinished_changes": 5000,
         "max_queued_changes": 300,
         "max_verifications": 2,
         "change_log_warning_bytes": 64 << 20,

@@ -197,12 +197,22 @@ class ViewMaintainer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def receive(self, update: ViewUpdate) -> None:
+        self._arrives()
+        self.protocol.receive(update)
+        self._wake.set()
+
+    def receive_logged(self, source: str, seq: int, received_at: float | None) -> None:
+        """An update released by name (logged from parts): queued in the update log only,
+        read back as maintenance gets to it (``ViewProtocol.receive_logged``)."""
+        self._arrives()
+        self.protocol.receive_logged(source, seq, received_at)
+        self._wake.set()
+
+    def _arrives(self) -> None:
         self.counters.updates_received += 1
         if not self._busy:
             self.progress_at = time.monotonic()  # the watchdog counts from when work arrives
-        self.protocol.receive(update)
         self._idle.clear()
-        self._wake.set()
 
     def pause(self) -> None:
         self.paused = True

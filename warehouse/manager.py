@@ -33,6 +33,7 @@ from warehouse.catalog.db import (
     Catalog,
     CatalogError,
     LogEntry,
+    LogRef,
     PruneReach,
     RelationInfo,
     UnitInfo,
@@ -48,7 +49,7 @@ from warehouse.log_pruning import LogPruner, LogPruning
 from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_BUDGET, Unit, ViewProtocol, ViewUpdate
-from warehouse.receiver import DEFAULT_MAX_UNFINISHED, DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
+from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape
 from warehouse.seq_history import MAX_SPANS, SeqHistory
 from warehouse.sources import HttpSourceClient, SourceClient, SourceError
 from warehouse.spill import CatalogSpillLog, SpillLog
@@ -165,7 +166,6 @@ class Manager:
         backoff: Backoff | None = None,
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
-        max_unfinished_changes: int = DEFAULT_MAX_UNFINISHED,
         max_queued_changes: int | None = DEFAULT_QUEUE_BUDGET,
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
@@ -223,7 +223,6 @@ class Manager:
             self._receiver_schema,
             window=seq_window,
             run_off_loop=None if blocking_executor is None else self._blocking,
-            max_unfinished=max_unfinished_changes,
         )
         self._executor = blocking_executor or ThreadPoolExecutor(1, thread_name_prefix="catalog")
         self._define_lock = asyncio.Lock()
@@ -262,7 +261,8 @@ class Manager:
             if info.manager_token:
                 self.manager_tokens[name] = info.manager_token
             self._register_source(name, info.wrapper_url, info.relations)
-            self.receiver.recover(name, *await self.db(Catalog.log_positions, name))
+            released, held = await self.db(Catalog.log_positions, name)
+            self.receiver.recover(name, released, held, await self.db(Catalog.staged, name))
         for view in (await self.db(Catalog.views)).values():
             await self._recover_view(view)
         # Resend the views' interest in the background: a wrapper may be busy resending
@@ -759,9 +759,17 @@ class Manager:
     async def receive(self, source: str, updates: Sequence[Update | PlainUpdate]) -> Ack:
         return await self.receiver.receive(source, updates)
 
-    def _release(self, entry: LogEntry) -> None:
+    def _release(self, entry: LogEntry | LogRef) -> None:
+        """Hand a released update to every view over its source. One logged from parts comes
+        by name (``LogRef``): each view queues it in the update log only, and reads it when
+        maintenance gets to it (``_routed`` then decides what the view receives of it)."""
         for handle in self.views.values():
-            if entry.source in handle.plan.sources and (update := self._routed(handle, entry)) is not None:
+            if entry.source not in handle.plan.sources:
+                continue
+            if isinstance(entry, LogRef):
+                if handle.bases is None or entry.seq > handle.bases.get(entry.source, 0):
+                    handle.maintainer.receive_logged(entry.source, entry.seq, entry.received_at)
+            elif (update := self._routed(handle, entry)) is not None:
                 handle.maintainer.receive(update)
 
     @staticmethod

@@ -123,12 +123,12 @@ class Shelf:
     oldest: float | None = None  # when the oldest of them arrived (a lower bound)
     added: int = 0
 
-    def add(self, update: ViewUpdate) -> None:
-        self.after[update.source] = min(self.after.get(update.source, update.seq - 1), update.seq - 1)
+    def add(self, source: str, seq: int, received_at: float | None) -> None:
+        self.after[source] = min(self.after.get(source, seq - 1), seq - 1)
         self.count += 1
         self.added += 1
-        if update.received_at is not None:
-            self.oldest = update.received_at if self.oldest is None else min(self.oldest, update.received_at)
+        if received_at is not None:
+            self.oldest = received_at if self.oldest is None else min(self.oldest, received_at)
 
 
 @dataclass(frozen=True)
@@ -201,10 +201,26 @@ class ViewProtocol:
         if self.shelf is None and self._over_budget(update):
             self.shelf = Shelf()
         if self.shelf is not None:
-            self.shelf.add(update)
+            self.shelf.add(update.source, update.seq, update.received_at)
         else:
             self.umq.append(update)
             self.live.add(update)
+
+    def receive_logged(self, source: str, seq: int, received_at: float | None) -> None:
+        """Queue update ``seq`` of ``source`` in the update log only (the shelf), whatever the
+        UMQ holds: one logged from parts, of any size, that the receiver hands out by name.
+        It is read back when the UMQ runs low (``take_back``), as any spilled update, and
+        what the view reads of it is decided then.
+
+        >>> p = ViewProtocol(parallelism=1)
+        >>> p.receive(ViewUpdate(1, "s", 1, {0: ZSet({(1,): 1})}))
+        >>> p.receive_logged("s", 2, None)
+        >>> [u.seq for u in p.umq], p.shelf.after, p.queued
+        ([1], {'s': 1}, 2)
+        """
+        if self.shelf is None:
+            self.shelf = Shelf()
+        self.shelf.add(source, seq, received_at)
 
     def _over_budget(self, update: ViewUpdate) -> bool:
         return (
@@ -451,7 +467,7 @@ class ViewProtocol:
         """
         shelf = self.shelf if self.shelf is not None else Shelf()
         for update in self.umq:  # older than what is shelved already: ``add`` keeps the least seq
-            shelf.add(update)
+            shelf.add(update.source, update.seq, update.received_at)
         self.shelf = shelf
         self.live.discard(self.umq)
         self.umq.clear()

@@ -11,24 +11,34 @@
 * Gap-holding: an update that arrives before a smaller seq of its source is stored but not
   released; it is released (in seq order) when the gap is filled, never skipped. Only its
   seq and log id stay in memory; its changes are read back from the log when it is released,
-  ``RELEASE_CHUNK`` at a time. A seq more than ``window`` beyond the last released one is
-  refused (ReceiveError, 422): what is held stays bounded, and a wrapper that numbers wrongly
-  hears of it at once. ``status`` tells what a source holds and the seq it waits for.
+  ``RELEASE_CHUNK`` at a time (one logged from parts is named only, below). A seq more than
+  ``window`` beyond the last released one is refused (ReceiveError, 422): what is held stays
+  bounded, and a wrapper that numbers wrongly hears of it at once. ``status`` tells what a
+  source holds and the seq it waits for.
 
 * Parts: an update larger than one message (``MAX_CHANGES_PER_UPDATE`` changes) arrives as
-  parts of one seq (``Update.part``), each alone in its batch, in order from part 0. They are
-  checked as they arrive and assembled in memory; the update is logged, acknowledged and
-  released only with its last part, so no view ever sees a state between two of its rows.
-  Parts are not durable: a manager that restarts forgets them, refuses the next part as out
-  of order (PartRefused, 409), and the wrapper resends from part 0 (the acknowledgment of a
-  part names how many the manager holds, ``Ack.parts``, so a wrapper also notices a manager
-  that forgot). The wrapper's shipping position moves only on acknowledgment, and that only
+  parts of one seq (``Update.part``), each alone in its batch, in order from part 0. Each is
+  checked as it arrives and staged in the catalog (``Catalog.stage_part``), not held: in
+  memory the receiver keeps, per source, the staged update's seq, txid, parts and changes
+  counted, and the running digest of its content (``ContentDigest``). With its last part the
+  update is logged as one seq, in one catalog transaction, its changes copied from the
+  staged parts inside the database (``Catalog.log_staged``), and then acknowledged and
+  released: no view ever sees a state between two of its rows, and no size is refused (the
+  catalog's disk is the bound, as for the whole log). The log keeps the digest of the whole
+  content, computed over the parts in order: the seq resent whole is compared as for any
+  update. Staged parts outlive a restart: the
+  receiver takes the update up where its parts stand (``recover``; the digest is read again
+  from the staged parts when the next one arrives), and a wrapper that resends from part 0
+  is served too. The wrapper's shipping position moves only on acknowledgment, and that only
   comes once the whole update is logged: nothing is lost, and a seq is logged once. Part 0
-  always starts the update afresh (a wrapper that restarted resends from it), and part 0 of a
-  seq already received is acknowledged and ignored like a resent update. What a source holds
-  unfinished is bounded (``max_unfinished`` changes; 413, PartsTooLarge, and the parts are
-  dropped). A part of another seq, a txid other than part 0's, or a part of a seq already
-  complete (other than part 0) is refused.
+  always starts the update afresh, dropping what the source staged (a wrapper that restarted
+  resends from it), and part 0 of a seq already received is acknowledged and ignored like a
+  resent update. A part of another seq, a txid other than part 0's, or a part of a seq
+  already complete (other than part 0) is refused (PartRefused, 409; ReceiveError, 422).
+* Large updates by name: an update logged from parts is never read back whole here. It is
+  released as a ``LogRef`` (its seq and log id): each view queues it in the update log only,
+  as a queue past its budget is kept (``warehouse.spill``), and reads it from the log when
+  maintenance gets to it.
 
 Released updates go to ``release``, which hands them to every view that reads the source
 (the paper's AssignTimeStamp appending to the UMQ). The acknowledgment names the highest
@@ -50,11 +60,20 @@ from typing import Any
 
 from contract.schemas import Ack, Update, UpdatePart
 from contract.value_fit import Family, unfit_reason
-from warehouse.catalog.db import Catalog, CatalogCall, LogEntry, NewUpdate, SeqConflict, content_digest
+from warehouse.catalog.db import (
+    Catalog,
+    CatalogCall,
+    ContentDigest,
+    LogEntry,
+    LogRef,
+    NewUpdate,
+    SeqConflict,
+    StagedPart,
+    StagedUpdate,
+    content_digest,
+)
 
 DEFAULT_SEQ_WINDOW = 100_000
-DEFAULT_MAX_UNFINISHED = 1_000_000
-"""The most changes one source may hold in parts of an update not complete yet (in memory)."""
 RELEASE_CHUNK = 1_000  # held updates read back from the log at once
 _RECEIVING = ThreadPoolExecutor(1, thread_name_prefix="pvm-receive")  # never the pool other work shares
 
@@ -75,12 +94,6 @@ class PartRefused(ReceiveError):
     another seq, or of a seq already complete. The wrapper resends the update from part 0."""
 
     status = 409
-
-
-class PartsTooLarge(ReceiveError):
-    """Parts of one update holding more changes than a source may keep unfinished."""
-
-    status = 413
 
 
 @dataclass(frozen=True)
@@ -106,14 +119,16 @@ class PlainUpdate:
 
 
 @dataclass
-class Assembly:
-    """The parts received so far of one update: checked, plain changes in part order."""
+class Staging:
+    """What the receiver keeps of the update whose parts are arriving; the parts themselves
+    are staged in the catalog."""
 
     seq: int
     txid: str | None
     captured_at: float | None
-    changes: list[dict[str, Any]] = field(default_factory=list)
     parts: int = 0
+    changes: int = 0
+    digest: ContentDigest | None = None  # of the parts so far; None: to read from the staged parts (a restart)
 
 
 @dataclass
@@ -121,7 +136,7 @@ class SourceCursor:
     released_through: int = 0
     held: dict[int, int] = field(default_factory=dict)  # seq -> log id, above a gap
     releasing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one release in seq order at a time
-    assembly: Assembly | None = None  # the update whose parts are arriving
+    staging: Staging | None = None  # the update whose parts are arriving
     assembling: asyncio.Lock = field(default_factory=asyncio.Lock)  # one part at a time
 
 
@@ -141,14 +156,12 @@ class Receiver:
     def __init__(
         self,
         db: CatalogCall,
-        release: Callable[[LogEntry], None],
+        release: Callable[[LogEntry | LogRef], None],
         relations: Callable[[str, int], Mapping[str, RelationShape] | None],
         window: int = DEFAULT_SEQ_WINDOW,
         run_off_loop: Callable[..., Awaitable[Any]] | None = None,
-        max_unfinished: int = DEFAULT_MAX_UNFINISHED,
     ) -> None:
         self._db = db
-        self.max_unfinished = max_unfinished
         self._release = release
         # (source, seq) -> {relation: its shape, with the columns a view needs from that seq on};
         # None: unknown source
@@ -157,25 +170,37 @@ class Receiver:
         self._off_loop = run_off_loop or _on_receiving_thread
         self._cursors: dict[str, SourceCursor] = {}
 
-    def recover(self, source: str, released_through: int = 0, held: Mapping[int, int] | None = None) -> None:
+    def recover(
+        self,
+        source: str,
+        released_through: int = 0,
+        held: Mapping[int, int] | None = None,
+        staged: StagedUpdate | None = None,
+    ) -> None:
         """Rebuild a source's cursor from the log (``Catalog.log_positions``): released
-        through the end of its gapless prefix, the rest (seq -> log id) held."""
+        through the end of its gapless prefix, the rest (seq -> log id) held; and the
+        update whose parts it had staged (``Catalog.staged``), to go on from its next part."""
         cursor = self._cursors.setdefault(source, SourceCursor())
         cursor.released_through = released_through
         cursor.held = dict(held or {})
+        cursor.staging = (
+            None
+            if staged is None
+            else Staging(staged.seq, staged.txid, staged.captured_at, staged.parts, staged.changes)
+        )
 
     def released_through(self, source: str) -> int:
         return self._cursors.get(source, SourceCursor()).released_through
 
     def status(self, source: str) -> SourceStatus:
         cursor = self._cursors.get(source, SourceCursor())
-        held, parts = cursor.held, cursor.assembly
+        held, parts = cursor.held, cursor.staging
         return SourceStatus(
             cursor.released_through,
             len(held),
             cursor.released_through + 1 if held else None,
             max(held, default=None),
-            None if parts is None else (parts.seq, parts.parts, len(parts.changes)),
+            None if parts is None else (parts.seq, parts.parts, parts.changes),
         )
 
     def forget(self, source: str) -> None:
@@ -268,14 +293,23 @@ class Receiver:
 
     async def _store(self, source: str, cursor: SourceCursor, prepared: list[NewUpdate]) -> Ack:
         """Log ``prepared`` and release what follows the released updates without a gap."""
-        stored = {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)} if prepared else {}
+        stored: dict[int, LogEntry | LogRef] = (
+            {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)} if prepared else {}
+        )
+        if cursor.staging is not None and cursor.staging.seq in stored:
+            cursor.staging = None  # logged whole meanwhile: the catalog dropped its staged parts
+        return await self._settle(cursor, stored)
+
+    async def _settle(self, cursor: SourceCursor, stored: dict[int, LogEntry | LogRef]) -> Ack:
+        """Release what follows the released updates without a gap, ``stored`` (just logged)
+        included, hold the rest of ``stored``; the acknowledgment."""
         async with cursor.releasing:
             await self._release_ready(cursor, stored)
             cursor.held.update((seq, e.id) for seq, e in stored.items() if seq > cursor.released_through)
         return Ack(through=cursor.released_through, held=sorted(cursor.held))
 
     async def _receive_part(self, source: str, update: Update | PlainUpdate) -> Ack:
-        """Add one part to the update it belongs to; with its last part, log the whole
+        """Stage one part of the update it belongs to; with its last part, log the whole
         update as one seq and release it (see the module's docstring)."""
         part = update.part
         assert part is not None
@@ -285,67 +319,83 @@ class Receiver:
             seq, named = update.seq, f"part {part.index} of update seq {update.seq} of source {source!r}"
             if seq <= cursor.released_through or seq in cursor.held:
                 if part.index == 0:  # a resend from the start: acknowledged again and ignored
-                    if cursor.assembly is not None and cursor.assembly.seq == seq:
-                        cursor.assembly = None
+                    if cursor.staging is not None and cursor.staging.seq == seq:
+                        await self._db(Catalog.drop_staged, source)
+                        cursor.staging = None
                     return Ack(through=cursor.released_through, held=sorted(cursor.held))
                 raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
             self._check_window(source, cursor, [update])
-            assembly = cursor.assembly if part.index > 0 else None  # part 0 starts the update afresh
-            if part.index > 0:
-                if assembly is None or assembly.seq != seq:
-                    holding = "no part of it" if assembly is None else f"parts of seq {assembly.seq} instead"
-                    raise PartRefused(f"{named} is out of order: the manager holds {holding}; send part 0 first")
-                if assembly.parts != part.index:
-                    raise PartRefused(
-                        f"{named} is out of order: the manager holds parts 0-{assembly.parts - 1}, "
-                        f"the next is part {assembly.parts}"
-                    )
-                if assembly.txid != update.txid:
-                    raise ReceiveError(
-                        f"{named} carries txid {update.txid!r}, its part 0 carried {assembly.txid!r}: "
-                        "the parts of one update carry one txid"
-                    )
-            unfinished = (0 if assembly is None else len(assembly.changes)) + len(update.changes)
-            if unfinished > self.max_unfinished:
-                cursor.assembly = None  # it can never complete: its memory goes now
-                raise PartsTooLarge(
-                    f"{named}: its parts so far hold {unfinished} changes, more than the {self.max_unfinished} "
-                    "a source may hold in an unfinished update; the parts received are dropped"
-                )
-            changes = await self._off_loop(self._prepare_part, source, update, schemas[seq])
-            if assembly is None:
-                assembly = Assembly(seq, update.txid, update.captured_at)
-            assembly.changes.extend(changes)
-            assembly.parts += 1
-            if not part.last:
-                cursor.assembly = assembly
-                return Ack(through=cursor.released_through, held=sorted(cursor.held), parts=assembly.parts)
-            cursor.assembly = None
-            whole = NewUpdate(
-                seq,
-                assembly.changes,
-                assembly.txid,
-                assembly.captured_at,
-                await self._off_loop(content_digest, assembly.changes),
+            if part.index == 0:  # part 0 starts the update afresh
+                staging = Staging(seq, update.txid, update.captured_at, digest=ContentDigest())
+            else:
+                staging = self._continued(named, update, part.index, cursor.staging)
+            digest = staging.digest if staging.digest is not None else await self._staged_digest(source, staging)
+            digest = digest.copy()  # the staging's own moves on only once the part is staged
+            changes = await self._off_loop(self._prepare_part, source, update, schemas[seq], digest)
+            staged = StagedPart(seq, part.index, changes, staging.txid, staging.captured_at)
+            if part.last:
+                try:
+                    ref = await self._db(Catalog.log_staged, source, staged, digest.hexdigest())
+                except SeqConflict:
+                    cursor.staging = None  # the catalog dropped its staged parts
+                    raise
+                cursor.staging = None
+                return await self._settle(cursor, {} if ref is None else {seq: ref})
+            if not await self._db(Catalog.stage_part, source, staged):
+                cursor.staging = None  # logged whole meanwhile; the catalog dropped its staged parts
+                raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
+            staging.parts, staging.changes, staging.digest = part.index + 1, staging.changes + len(changes), digest
+            cursor.staging = staging
+            return Ack(through=cursor.released_through, held=sorted(cursor.held), parts=staging.parts)
+
+    @staticmethod
+    def _continued(named: str, update: Update | PlainUpdate, index: int, staging: Staging | None) -> Staging:
+        """The staging that part ``index`` (not 0) of ``update`` continues; refused if it
+        does not continue what the source staged."""
+        if staging is None or staging.seq != update.seq:
+            holding = "no part of it" if staging is None else f"parts of seq {staging.seq} instead"
+            raise PartRefused(f"{named} is out of order: the manager holds {holding}; send part 0 first")
+        if staging.parts != index:
+            raise PartRefused(
+                f"{named} is out of order: the manager holds parts 0-{staging.parts - 1}, the next is part {staging.parts}"
             )
-            return await self._store(source, cursor, [whole])
+        if staging.txid != update.txid:
+            raise ReceiveError(
+                f"{named} carries txid {update.txid!r}, its part 0 carried {staging.txid!r}: "
+                "the parts of one update carry one txid"
+            )
+        return staging
+
+    async def _staged_digest(self, source: str, staging: Staging) -> ContentDigest:
+        """The digest of the parts ``staging`` names, read from the catalog a part at a time:
+        the receiver's after a restart."""
+        digest = ContentDigest()
+        for index in range(staging.parts):
+            await self._off_loop(digest.add, await self._db(Catalog.staged_part, source, staging.seq, index))
+        return digest
 
     def _prepare_part(
-        self, source: str, update: Update | PlainUpdate, relations: Mapping[str, RelationShape]
+        self,
+        source: str,
+        update: Update | PlainUpdate,
+        relations: Mapping[str, RelationShape],
+        digest: ContentDigest,
     ) -> list[dict[str, Any]]:
-        """One part's changes checked against ``relations``, as plain data. Blocking."""
+        """One part's changes checked against ``relations``, as plain data, added to
+        ``digest``. Blocking."""
         plain = (
             update
             if isinstance(update, PlainUpdate)
             else PlainUpdate(update.seq, [c.model_dump() for c in update.changes], update.txid, update.captured_at)
         )
         self._validate(source, plain, relations)
+        digest.add(plain.changes)
         return plain.changes
 
-    async def _release_ready(self, cursor: SourceCursor, stored: dict[int, LogEntry]) -> None:
+    async def _release_ready(self, cursor: SourceCursor, stored: dict[int, LogEntry | LogRef]) -> None:
         """Release, in seq order, the updates that follow the released ones without a gap: those
-        just ``stored`` as they are, held ones read back from the log; the event loop gets its
-        turn after each."""
+        just ``stored`` as they are, held ones read back from the log (by name, if logged from
+        parts); the event loop gets its turn after each."""
         while True:
             following = cursor.released_through + 1
             if following in stored:
@@ -360,10 +410,10 @@ class Receiver:
                 self._release(entry)
                 await asyncio.sleep(0)
 
-    async def _read_held(self, cursor: SourceCursor, first: int) -> list[LogEntry]:
+    async def _read_held(self, cursor: SourceCursor, first: int) -> list[LogEntry | LogRef]:
         """The held updates from seq ``first`` on without a gap, at most ``RELEASE_CHUNK``."""
         ids: list[int] = []  # log ids
         while first + len(ids) in cursor.held and len(ids) < RELEASE_CHUNK:
             ids.append(cursor.held[first + len(ids)])
-        entries = await self._db(Catalog.log_entries, None, 0, ids)
+        entries = await self._db(Catalog.log_releases, ids)
         return [e for i, e in enumerate(entries) if e.seq == first + i]  # in seq order, never past a gap

@@ -14,6 +14,12 @@ Arrival order is release order: the receiver releases a source's updates in seq 
 update held behind a gap when the gap fills. So a source's chunk comes in seq order, and
 chunks of several sources merge by when each update could be released: the largest log id
 among its source's updates up to it (``release_order``).
+
+An update logged from parts may be of any size: the receiver hands it to the views by name
+only, and each view queues it here (``ViewProtocol.receive_logged``). A read of the log
+holds one such update at most (``Catalog.log_range`` ends a chunk with it), so what a read
+back or a compensation step holds is the budget's chunk plus that one update: a unit that
+maintains it holds its delta (what the view reads of it) whole.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ SPILLED_CHUNK = 1000
 @dataclass(frozen=True)
 class LoggedEntry:
     """One logged update of a source, as the read back sees it: ``update`` is None where
-    it holds nothing the view reads (it is passed over, not queued)."""
+    it holds nothing the view reads (it is passed over, not queued); ``parted``: logged from
+    parts, so its source's read of the log ended with it."""
 
     log_id: int
     seq: int
     update: ViewUpdate | None
+    parted: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,29 +74,43 @@ class SpillLog(Protocol):
 
 def release_order(by_source: Mapping[str, Sequence[LoggedEntry]], most: int) -> Chunk:
     """Merge each source's entries (in seq order, ``most`` at most per source, fewer if its
-    log had no more) into arrival order, and keep the first ``most``.
+    log had no more or its read ended with an update logged from parts) into arrival order,
+    and keep the first ``most``.
 
-    >>> def e(log_id, seq, name): return LoggedEntry(log_id, seq, ViewUpdate(log_id, name, seq, {}))
+    >>> def e(log_id, seq, name, parted=False): return LoggedEntry(log_id, seq, ViewUpdate(log_id, name, seq, {}), parted)
     >>> chunk = release_order({"a": [e(5, 1, "a"), e(2, 2, "a")], "b": [e(3, 1, "b")]}, most=2)
     >>> [(u.source, u.seq) for u in chunk.updates], chunk.through, chunk.exhausted
     ([('b', 1), ('a', 1)], {'b': 1, 'a': 1}, False)
 
     ``a``'s seq 2 was logged (id 2) before seq 1 (id 5) and held behind the gap: it was
     released after seq 1, and comes after it.
+
+    A source whose read stopped short (``most`` entries, or one logged from parts last)
+    may have more in its log, released before the other sources' later entries: nothing
+    after its last entry is taken.
+
+    >>> chunk = release_order({"a": [e(4, 1, "a", parted=True)], "b": [e(3, 1, "b"), e(6, 2, "b")]}, most=5)
+    >>> [(u.source, u.seq) for u in chunk.updates], chunk.through, chunk.exhausted
+    ([('b', 1), ('a', 1)], {'b': 1, 'a': 1}, False)
     """
     keyed = []
+    horizon: tuple[int, str, int] | None = None  # the earliest end of a read that stopped short
     for source, entries in by_source.items():
         released = 0
         run = []
         for entry in entries:
             released = max(released, entry.log_id)
-            run.append((released, entry.seq, source, entry))
+            run.append((released, source, entry.seq, entry))
+        if run and (len(run) >= most or run[-1][3].parted):
+            end = run[-1][:3]
+            horizon = end if horizon is None else min(horizon, end)
         keyed.append(run)
-    merged = list(heapq.merge(*keyed, key=lambda item: (item[0], item[2], item[1])))
-    exhausted = all(len(entries) < most for entries in by_source.values()) and len(merged) <= most
+    merged = list(heapq.merge(*keyed, key=lambda item: item[:3]))
+    taken = [item for item in merged if horizon is None or item[:3] <= horizon][:most]
+    exhausted = horizon is None and len(merged) <= most
     through: dict[str, int] = {}
     updates = []
-    for _, seq, source, entry in merged[:most]:
+    for _, source, seq, entry in taken:
         through[source] = seq
         if entry.update is not None:
             updates.append(entry.update)
@@ -115,7 +137,7 @@ class CatalogSpillLog:
         for source, seq in after.items():
             released = self.released_through(source)
             entries = await self.db(Catalog.log_range, source, seq, released, most) if released > seq else []
-            by_source[source] = [LoggedEntry(e.id, e.seq, self.extract(e)) for e in entries]
+            by_source[source] = [LoggedEntry(e.id, e.seq, self.extract(e), e.parts > 0) for e in entries]
         return release_order(by_source, most)
 
     async def spilled(self, spilled: SpilledRange) -> AsyncIterator[list[ViewUpdate]]:

@@ -5,10 +5,11 @@ short acknowledgment) is simply retried with capped exponential backoff for as l
 wrapper runs. A failure streak is logged once when it starts and once when it ends.
 
 An update with more changes than ``PART_CHANGES`` (one source transaction of any size is one
-update, one seq) is sent in parts, each alone in its post, in order. The manager holds parts
-in memory until the last one and logs the update whole then; so every failure, a refused
-part included (a manager that restarted forgot the parts before it), starts the update again
-from part 0, and the shipping position moves only with the acknowledgment of the last part.
+update, one seq) is sent in parts, each alone in its post, in order. The manager stages the
+parts until the last one and logs the update whole then; every failure, a refused part
+included (a manager older than staged parts forgets them when it restarts), starts the
+update again from part 0, and the shipping position moves only with the acknowledgment of
+the last part.
 
 Each post's body is chosen by its size: a batch (or a part) of at least ``arrow_from``
 changes goes as an update stream (``contract.update_stream``: Arrow IPC, a quarter to a

@@ -26,8 +26,8 @@ def router_for(manager: Manager) -> APIRouter:
         "(409 naming the seq), and so is a seq more than the manager's window (100,000 by default) beyond "
         "`through` (422). An update larger than one message travels in parts of its one seq (`part`: "
         "`{index, last}`, each alone in its batch, in order); it is logged and released whole with its last part, "
-        "and the answer to an earlier part counts the parts held (`parts`); a part out of order or of a complete "
-        "seq is 409, too many changes held unfinished 413. The body is JSON, or an update stream (Arrow IPC, "
+        "and the answer to an earlier part counts the parts staged (`parts`); a part out of order or of a complete "
+        "seq is 409; no update is refused for its size (its parts are staged in the catalog). The body is JSON, or an update stream (Arrow IPC, "
         "`application/vnd.apache.arrow.stream; version=1`) carrying the same batch: a version of the stream this "
         "manager does not read is 415; the answer's `Accept-Post` header lists what it reads. Needs the wrapper token of `source` (or an admin token).",
         responses={

@@ -15,14 +15,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import Integer, create_engine, delete, event, func, insert, literal, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
 from sqlalchemy.orm import Session
 
 import migrations
 from contract.file_modes import PRIVATE
 from contract.schemas import dumps_wire_json, loads_wire_json
-from warehouse.catalog.models import LogRow, RelationRow, SourceRow, StoreTableRow, TokenRow, UnitRow, ViewRow
+from warehouse.catalog.models import (
+    LogPartRow,
+    LogRow,
+    RelationRow,
+    SourceRow,
+    StagedPartRow,
+    StoreTableRow,
+    TokenRow,
+    UnitRow,
+    ViewRow,
+)
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
 
 P = ParamSpec("P")
@@ -93,6 +103,43 @@ class LogEntry:
     changes: list[dict[str, Any]]
     captured_at: float | None
     received_at: float
+    parts: int = 0  # logged from this many parts (0: whole); a read of the log ends with such an entry
+
+
+@dataclass(frozen=True)
+class LogRef:
+    """A logged update named, its changes left in the log: one logged from its parts, of any
+    size, which the receiver hands to the views by name (they read it from the log when
+    they get to it, ``warehouse.spill``)."""
+
+    id: int
+    source: str
+    seq: int
+    received_at: float
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """One checked part of an update to stage (``Catalog.stage_part``): part ``index`` of
+    update ``seq``, its changes as plain data."""
+
+    seq: int
+    index: int
+    changes: list[dict[str, Any]]
+    txid: str | None
+    captured_at: float | None
+
+
+@dataclass(frozen=True)
+class StagedUpdate:
+    """What a source has staged of an update whose last part has not arrived: parts 0 to
+    ``parts - 1``, holding ``changes`` changes together."""
+
+    seq: int
+    txid: str | None
+    captured_at: float | None
+    parts: int
+    changes: int
 
 
 @dataclass(frozen=True)
@@ -109,24 +156,59 @@ class NewUpdate:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
 
+class ContentDigest:
+    """SHA-256 of a list of changes as canonical JSON (keys sorted, no spaces, ASCII), fed a
+    run of changes at a time: ``add`` the parts of an update in order and ``hexdigest``
+    is ``content_digest`` of them all, without ever holding them together.
+
+    >>> whole = [{"sign": 1, "relation": "R", "row": {"k": k}} for k in range(5)]
+    >>> running = ContentDigest()
+    >>> for start in (0, 2, 3):
+    ...     running.add(whole[start : {0: 2, 2: 3, 3: 5}[start]], slice_size=2)
+    >>> running.hexdigest() == content_digest(whole)
+    True
+    """
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256(b"[")
+        self._empty = True
+
+    def add(self, changes: Sequence[dict[str, Any]], slice_size: int = 1000) -> None:
+        """Digest ``changes`` after those added before. Encoded a slice at a time, so a large
+        run never holds the GIL for long; the slices joined are exactly the encoding of the
+        whole list."""
+        for start in range(0, len(changes), slice_size):
+            if not self._empty:
+                self._sha.update(b",")
+            self._sha.update(_CANONICAL.encode(list(changes[start : start + slice_size]))[1:-1].encode("ascii"))
+            self._empty = False
+
+    def copy(self) -> ContentDigest:
+        copied = ContentDigest()
+        copied._sha, copied._empty = self._sha.copy(), self._empty
+        return copied
+
+    def hexdigest(self) -> str:
+        closed = self._sha.copy()
+        closed.update(b"]")
+        return closed.hexdigest()
+
+
 def content_digest(changes: Sequence[dict[str, Any]], slice_size: int = 1000) -> str:
     """SHA-256 of ``changes`` as canonical JSON (keys sorted, no spaces, ASCII): the same
-    content gives the same digest however its keys were ordered on the wire. Encoded a slice
-    at a time, so a large update never holds the GIL for long; the slices joined are exactly
-    the encoding of the whole list.
+    content gives the same digest however its keys were ordered on the wire, and however
+    it was cut into parts (``ContentDigest``).
 
     >>> content_digest([{"sign": 1, "relation": "R", "row": {"v": "x", "k": 1}}]) == content_digest(
     ...     [{"relation": "R", "row": {"k": 1, "v": "x"}, "sign": 1}])
     True
     >>> content_digest([{"a": 1}, {"b": 2.5}], slice_size=1) == hashlib.sha256(b'[{"a":1},{"b":2.5}]').hexdigest()
     True
+    >>> content_digest([]) == hashlib.sha256(b"[]").hexdigest()
+    True
     """
-    digest = hashlib.sha256(b"[")
-    for start in range(0, len(changes), slice_size):
-        if start:
-            digest.update(b",")
-        digest.update(_CANONICAL.encode(list(changes[start : start + slice_size]))[1:-1].encode("ascii"))
-    digest.update(b"]")
+    digest = ContentDigest()
+    digest.add(changes, slice_size)
     return digest.hexdigest()
 
 
@@ -327,16 +409,12 @@ class Catalog:
     def append_updates(self, source: str, updates: Sequence[NewUpdate]) -> list[LogEntry]:
         """Store the updates not stored yet (idempotent on (source, seq) and content); returns
         the new entries. SeqConflict, storing none of them, if one's seq is stored with other
-        content (rows logged without a digest are digested from their stored changes)."""
+        content (rows logged without a digest are digested from their stored changes). What
+        the source staged of a seq logged now is dropped: it can never complete."""
         now = time.time()
         with Session(self.engine) as s, s.begin():
-            # a seq pruned already was logged, reflected by every view and removed: a resend
-            # of it is a duplicate (its content can no longer be compared)
-            pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
-            wanted = {u.seq: u for u in updates if u.seq > pruned}
-            q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
-            stored: dict[int, str | None] = dict(s.execute(q).all())  # (seq, digest) rows
-            self._check_same_content(s, source, wanted, stored)
+            wanted = {u.seq: u for u in updates}
+            new = self._unlogged(s, source, {seq: u.digest for seq, u in wanted.items()})
             rows = [
                 LogRow(
                     source=source,
@@ -346,24 +424,40 @@ class Catalog:
                     captured_at=u.captured_at,
                     received_at=now,
                     digest=u.digest,
+                    parts=0,
                 )
                 for seq, u in sorted(wanted.items())
-                if seq not in stored
+                if seq in new
             ]
             s.add_all(rows)
             s.flush()
-            return [LogEntry(r.id, source, r.seq, r.changes, r.captured_at, r.received_at) for r in rows]
+            if new:
+                s.execute(
+                    delete(StagedPartRow).where(StagedPartRow.source == source, StagedPartRow.seq.in_(sorted(new)))
+                )
+            return [_entry(r) for r in rows]
 
     @staticmethod
-    def _check_same_content(
-        s: Session, source: str, wanted: dict[int, NewUpdate], stored: dict[int, str | None]
-    ) -> None:
+    def _unlogged(s: Session, source: str, digests: Mapping[int, str]) -> set[int]:
+        """Of the seqs of ``digests`` (seq -> content digest), those not logged yet;
+        SeqConflict if one is logged with other content."""
+        # a seq pruned already was logged, reflected by every view and removed: a resend
+        # of it is a duplicate (its content can no longer be compared)
+        pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+        wanted = {seq: digest for seq, digest in digests.items() if seq > pruned}
+        q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
+        stored: dict[int, str | None] = dict(s.execute(q).all())  # (seq, digest) rows
+        Catalog._check_same_content(s, source, wanted, stored)
+        return wanted.keys() - stored.keys()
+
+    @staticmethod
+    def _check_same_content(s: Session, source: str, wanted: Mapping[int, str], stored: dict[int, str | None]) -> None:
         undigested = [seq for seq, digest in stored.items() if digest is None]
         if undigested:
             q = select(LogRow.seq, LogRow.changes).where(LogRow.source == source, LogRow.seq.in_(undigested))
             logged: Result[int, list[Any]] = s.execute(q)
             stored.update((seq, content_digest(changes)) for seq, changes in logged)
-        differing = sorted(seq for seq, digest in stored.items() if digest != wanted[seq].digest)
+        differing = sorted(seq for seq, digest in stored.items() if digest != wanted[seq])
         if differing:
             shown = ", ".join(map(str, differing[:10])) + (
                 f" and {len(differing) - 10} more" if len(differing) > 10 else ""
@@ -373,6 +467,107 @@ class Catalog:
                 "content; a seq names one update for good (the stored one stays)"
             )
 
+    # -- updates in parts: staged, then logged whole --------------------------------------
+    def stage_part(self, source: str, part: StagedPart) -> bool:
+        """Stage ``part`` of the source's update ``part.seq`` (its part 0 drops whatever the
+        source staged before); the receiver has checked that it continues the staged parts.
+        False, staging nothing and dropping what the source staged, if the seq is logged
+        already (a resend of it, whole, was logged meanwhile)."""
+        with Session(self.engine) as s, s.begin():
+            if self._logged(s, source, part.seq):
+                s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
+                return False
+            self._stage(s, source, part)
+            return True
+
+    @staticmethod
+    def _logged(s: Session, source: str, seq: int) -> bool:
+        pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+        return (
+            seq <= pruned or s.scalar(select(LogRow.id).where(LogRow.source == source, LogRow.seq == seq)) is not None
+        )
+
+    def log_staged(self, source: str, last: StagedPart, digest: str) -> LogRef | None:
+        """Log the update whose parts the source staged, completed by its ``last`` part, as
+        one seq, in one transaction: its log row, and its changes copied a part per row from
+        the staged parts in the database (``INSERT … SELECT``: never through this process);
+        the staged parts are dropped. ``digest``: ``content_digest`` of all its changes.
+        None if the seq is logged already with the same content (or pruned); SeqConflict,
+        with the staged parts dropped, if with other content."""
+        try:
+            with Session(self.engine) as s, s.begin():
+                self._stage(s, source, last)
+                if not self._unlogged(s, source, {last.seq: digest}):
+                    s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
+                    return None
+                row = LogRow(
+                    source=source,
+                    seq=last.seq,
+                    changes=[],
+                    txid=last.txid,
+                    captured_at=last.captured_at,
+                    received_at=time.time(),
+                    digest=digest,
+                    parts=last.index + 1,
+                )
+                s.add(row)
+                s.flush()
+                staged = select(literal(row.id, Integer), StagedPartRow.part, StagedPartRow.changes).where(
+                    StagedPartRow.source == source, StagedPartRow.seq == last.seq
+                )
+                s.execute(insert(LogPartRow).from_select(["log_id", "part", "changes"], staged))
+                s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
+                return LogRef(row.id, source, row.seq, row.received_at)
+        except SeqConflict:
+            self.drop_staged(source)
+            raise
+
+    @staticmethod
+    def _stage(s: Session, source: str, part: StagedPart) -> None:
+        if part.index == 0:  # an update starts afresh: nothing staged before it can complete
+            s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
+        s.add(
+            StagedPartRow(
+                source=source,
+                seq=part.seq,
+                part=part.index,
+                txid=part.txid,
+                captured_at=part.captured_at,
+                changes=part.changes,
+                count=len(part.changes),
+            )
+        )
+        s.flush()
+
+    def staged(self, source: str) -> StagedUpdate | None:
+        """What the source has staged (None: nothing), for the receiver after a restart.
+        Reads no changes."""
+        with Session(self.engine) as s:
+            q = (
+                select(StagedPartRow.seq, StagedPartRow.txid, StagedPartRow.captured_at, StagedPartRow.count)
+                .where(StagedPartRow.source == source)
+                .order_by(StagedPartRow.part)
+            )
+            rows = s.execute(q).all()
+            if not rows:
+                return None
+            seq, txid, captured_at, _ = rows[0]
+            return StagedUpdate(seq, txid, captured_at, len(rows), sum(count for *_, count in rows))
+
+    def staged_part(self, source: str, seq: int, index: int) -> list[dict[str, Any]]:
+        """The changes of staged part ``index`` of update ``seq`` of ``source``."""
+        with Session(self.engine) as s:
+            q = select(StagedPartRow.changes).where(
+                StagedPartRow.source == source, StagedPartRow.seq == seq, StagedPartRow.part == index
+            )
+            return list(s.scalar(q) or [])
+
+    def drop_staged(self, source: str) -> None:
+        """Drop what the source staged: an update that can no longer complete."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
+
+    # -- reading the log -------------------------------------------------------------------
     def log_entries(
         self, source: str | None = None, after_seq: int = 0, ids: Sequence[int] | None = None
     ) -> list[LogEntry]:
@@ -383,11 +578,13 @@ class Catalog:
             if ids is not None:
                 q = q.where(LogRow.id.in_(list(ids)))
             q = q.order_by(LogRow.source, LogRow.seq)
-            return [LogEntry(r.id, r.source, r.seq, r.changes, r.captured_at, r.received_at) for r in s.scalars(q)]
+            return [_entry(r, self._parts(s, r)) for r in s.scalars(q)]
 
     def log_range(self, source: str, after_seq: int, through_seq: int, limit: int) -> list[LogEntry]:
         """The first ``limit`` logged updates of ``source`` with ``after_seq < seq <=
-        through_seq``, in seq order: a chunk of a spilled queue (``warehouse.spill``)."""
+        through_seq``, in seq order: a chunk of a spilled queue (``warehouse.spill``). The
+        chunk ends early with an update logged from parts: it may be of any size, so a
+        chunk holds one at most."""
         with Session(self.engine) as s:
             q = (
                 select(LogRow)
@@ -395,7 +592,27 @@ class Catalog:
                 .order_by(LogRow.seq)
                 .limit(limit)
             )
-            return [LogEntry(r.id, r.source, r.seq, r.changes, r.captured_at, r.received_at) for r in s.scalars(q)]
+            rows = list(s.scalars(q))
+            parted = next((i for i, r in enumerate(rows) if r.parts), len(rows))
+            return [_entry(r, self._parts(s, r)) for r in rows[: parted + 1]]
+
+    def log_releases(self, ids: Sequence[int]) -> list[LogEntry | LogRef]:
+        """The log entries ``ids`` as the receiver releases them: whole, or named only
+        (``LogRef``) where logged from parts. Reads no part of those."""
+        with Session(self.engine) as s:
+            q = select(LogRow).where(LogRow.id.in_(list(ids))).order_by(LogRow.source, LogRow.seq)
+            return [LogRef(r.id, r.source, r.seq, r.received_at) if r.parts else _entry(r) for r in s.scalars(q)]
+
+    @staticmethod
+    def _parts(s: Session, row: LogRow) -> list[dict[str, Any]] | None:
+        """The changes of an entry logged from parts, its parts joined (None: a whole one)."""
+        if not row.parts:
+            return None
+        changes: list[dict[str, Any]] = []
+        part: list[dict[str, Any]]
+        for part in s.scalars(select(LogPartRow.changes).where(LogPartRow.log_id == row.id).order_by(LogPartRow.part)):
+            changes.extend(part)
+        return changes
 
     def log_positions(self, source: str) -> tuple[int, dict[int, int]]:
         """Where a source's log stands, for the receiver's cursor after a restart: the last
@@ -646,6 +863,12 @@ class Catalog:
         return True
 
 
+def _entry(row: LogRow, parts: list[dict[str, Any]] | None = None) -> LogEntry:
+    """A log row as an entry: its changes, or ``parts``, those of its parts joined."""
+    changes = row.changes if parts is None else parts
+    return LogEntry(row.id, row.source, row.seq, changes, row.captured_at, row.received_at, row.parts)
+
+
 def _view_info(v: ViewRow) -> ViewInfo:
     return ViewInfo(
         v.name,
@@ -713,13 +936,17 @@ __all__ = [
     "Catalog",
     "CatalogCall",
     "CatalogError",
+    "ContentDigest",
     "LogEntry",
+    "LogRef",
     "NewUpdate",
     "PruneReach",
     "Pruned",
     "RelationInfo",
     "SeqConflict",
     "SourceInfo",
+    "StagedPart",
+    "StagedUpdate",
     "StoreRecords",
     "TokenInfo",
     "UnitInfo",

@@ -68,6 +68,32 @@ class LogRow(Base):
     captured_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     received_at: Mapped[float] = mapped_column(Double)
     digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # of the changes; None: logged before 0003
+    # 0: ``changes`` holds the update; n: it was logged from n parts, its changes are in
+    # ``update_log_parts`` (``changes`` is empty)
+    parts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class LogPartRow(Base):
+    """One part of an update logged from its parts (``LogRow.parts``), in part order."""
+
+    __tablename__ = "update_log_parts"
+    log_id: Mapped[int] = mapped_column(ForeignKey("update_log.id", ondelete="CASCADE"), primary_key=True)
+    part: Mapped[int] = mapped_column(Integer, primary_key=True)
+    changes: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class StagedPartRow(Base):
+    """A part of an update whose last part has not arrived yet: checked, durable, not logged.
+    A source stages one update at a time (its part 0 drops whatever the source staged)."""
+
+    __tablename__ = "staged_parts"
+    source: Mapped[str] = mapped_column(String(100), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    part: Mapped[int] = mapped_column(Integer, primary_key=True)
+    txid: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    captured_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    changes: Mapped[list[Any]] = mapped_column(JSON)
+    count: Mapped[int] = mapped_column(Integer)  # how many changes the part carries
 
 
 class UnitRow(Base):
