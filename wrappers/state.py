@@ -32,6 +32,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -184,9 +185,12 @@ class WrapperState:
         with self._mutex:
             return int(self._db.execute("SELECT count(*) FROM pending").fetchone()[0])
 
-    def is_captured(self, outbox_id: int) -> bool:
-        """Whether the remembered outbox row ``outbox_id`` is already part of an update."""
-        return outbox_id in self._captured
+    @property
+    def captured_ids(self) -> AbstractSet[int]:
+        """The remembered outbox rows, already part of an update (or filtered away), as a
+        live read-only set: read it where nothing records or forgets meanwhile (the
+        wrapper's capture lock)."""
+        return self._captured
 
     def deletable_ids(self) -> list[int]:
         """Remembered outbox rows that are acknowledged or filtered away: safe to delete."""

@@ -1,17 +1,18 @@
 """The wrapper of one source: capture, ship, answer subqueries, keep the Interest.
 
 The capture lock serializes everything that assigns seqs: a poll's capture, a pull's
-capture, a subquery's snapshot and capture, an Interest change. The ship lock makes the
-ship loop and the subqueries ship one at a time; no capture is made under it, and the two
-are never held together except to delete acknowledged outbox rows (ship lock, then
-capture lock). That is what makes invariant 3 hold (docs/design.md): a subquery opens its
-snapshot and captures under the capture lock, so every change captured earlier is visible
-in it, every change visible in it gets a seq <= its watermark, and every seq assigned later
-is above it; it then ships, under the ship lock, until all of them are acknowledged (unless
-other shipping already had them acknowledged). So one subquery's read can run while
-another subquery or a poll ships. An Interest change takes only the capture lock: it needs
-seqs, not acknowledgments, so it never waits for a manager that is not taking updates (one
-that is still starting, say).
+capture, a subquery's snapshot and capture, an Interest change, and the deletion of
+acknowledged outbox rows. The ship lock makes the ship loop and the subqueries ship one at
+a time; no capture is made under it, and the two are never held together. That is what
+makes invariant 3 hold (docs/design.md): a subquery opens its snapshot and captures under
+the capture lock, so every change captured earlier is visible in it, every change visible
+in it gets a seq <= its watermark, and every seq assigned later is above it; it then ships,
+under the ship lock, until all of them are acknowledged, and no further: not at all when
+other shipping already had them acknowledged, looked at again once it holds the lock (the
+shipping it waited for usually had). So one subquery's read can run while another subquery
+or a poll ships, and one post serves every subquery that waited for it. An Interest change
+takes only the capture lock: it needs seqs, not acknowledgments, so it never waits for a
+manager that is not taking updates (one that is still starting, say).
 
 Where outbox ids are not in commit order (PostgreSQL, MariaDB), deleting acknowledged rows
 and forgetting their ids also happens under the capture lock: a snapshot taken before the
@@ -26,7 +27,7 @@ it reads any trigger-captured SQLite source (``wrappers.capture``).
 Two loops run. The ship loop captures (log capture: less often while the log holds
 nothing new for the captured tables, ``capture.log.PollPacing``), ships everything pending
 (retrying for as long as the manager is down, holding the ship lock) and deletes
-acknowledged changes. The pull
+acknowledged changes (after releasing the ship lock, so that subqueries ship meanwhile). The pull
 loop polls a timestamp or snapshot source into the replica (``capture.pull``) and, when
 the pull applied anything, captures the replica's new changes under the capture lock alone, so pulling and seq
 assignment go on while shipping waits for a manager that is down: the pending updates
@@ -199,9 +200,9 @@ class Wrapper:
             await self._capture_locked()
         async with self._lock:
             await self._ship_pending()
-            if self._log is None and not self._ordered:
-                async with self._capture_lock:
-                    await asyncio.to_thread(self._delete_acknowledged_ids)
+        if self._log is None and not self._ordered:  # the capture lock only: subqueries ship meanwhile
+            async with self._capture_lock:
+                await asyncio.to_thread(self._delete_acknowledged_ids)
         if self._log is not None:  # a subquery's handshake need not wait for it (it needs the capture lock only)
             async with self._capture_lock:  # one reader of the slot at a time
                 await asyncio.to_thread(self._confirm_acknowledged)
@@ -265,9 +266,10 @@ class Wrapper:
         if self._log is not None:
             self._capture_log(conn, exact=False)
             return
-        rows = self._dialect.read_outbox(conn, self.state.captured_through if self._ordered else 0)
-        if not self._ordered:
-            rows = [r for r in rows if not self.state.is_captured(r.id)]
+        if self._ordered:
+            rows = self._dialect.read_outbox(conn, self.state.captured_through)
+        else:
+            rows = self._dialect.read_outbox(conn, 0, skip=self.state.captured_ids)
         for chunk in _transactions_merged(rows):
             ids = () if self._ordered else [r.id for r in chunk]
             txids = {r.txid for r in chunk}
@@ -313,18 +315,37 @@ class Wrapper:
 
     async def _ship_pending(self) -> None:
         """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
+        while self.state.has_pending and await self._ship_batch():
+            pass
+
+    async def _ship_through(self, watermark: int) -> None:
+        """Have every update through ``watermark`` acknowledged (a subquery's handshake). The
+        ship lock is taken only while some of them is not, and once held, the check is made
+        again: the shipping it waited for (a poll's, another subquery's) usually had them
+        acknowledged meanwhile. Batches go only until they are: updates captured since (by
+        polls, by other subqueries' snapshots) are not this subquery's to wait for."""
+        if self.state.acked_through >= watermark:
+            return
+        async with self._lock:
+            while self.state.acked_through < watermark and await self._ship_batch():
+                pass
+
+    async def _ship_batch(self) -> bool:
+        """Send the oldest pending updates (one message's worth) and wait until they are
+        acknowledged (caller holds the ship lock); False if none was pending."""
         assert self._shipper is not None, "start() the wrapper first"
-        while self.state.has_pending and (
-            batch := await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
-        ):
-            whole = list(itertools.takewhile(fits_one_message, batch))
-            if whole:
-                through = await self._shipper.send(whole, self.state.last_seq)
-            else:  # one update larger than a message: in parts, acknowledged once it is whole
-                whole = batch[:1]
-                through = await self._shipper.send_parts(whole[0], self.state.last_seq)
-            self._shipped_through = max(self._shipped_through, whole[-1].seq)
-            await asyncio.to_thread(self.state.ack, through)
+        batch = await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
+        if not batch:
+            return False
+        whole = list(itertools.takewhile(fits_one_message, batch))
+        if whole:
+            through = await self._shipper.send(whole, self.state.last_seq)
+        else:  # one update larger than a message: in parts, acknowledged once it is whole
+            whole = batch[:1]
+            through = await self._shipper.send_parts(whole[0], self.state.last_seq)
+        self._shipped_through = max(self._shipped_through, whole[-1].seq)
+        await asyncio.to_thread(self.state.ack, through)
+        return True
 
     def _delete_acknowledged(self) -> None:
         """Invariant 1: outbox rows go only once their update is acknowledged (or was empty)."""
@@ -380,9 +401,7 @@ class Wrapper:
         ``on_locked``: called once the capture lock is held, before the snapshot is taken."""
         snapshot, watermark = await self._exact_snapshot(on_locked)
         try:
-            if self.state.acked_through < watermark:
-                async with self._lock:
-                    await self._ship_pending()  # through at least the watermark
+            await self._ship_through(watermark)
         except BaseException:
             snapshot.close()
             raise

@@ -27,13 +27,21 @@ def shown(url: sa.URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+IDLE_CONNECTIONS = 8
+"""The most idle connections a server source's pool keeps (``open_server_engine``)."""
+
+
 def open_server_engine(url: sa.URL, **options: object) -> sa.Engine:
     """An engine on ``url`` after one successful connection (WrapperError otherwise).
 
     Subquery snapshots each hold a connection while they wait for their turn, so the pool
-    keeps two idle connections for the poller and opens as many more as needed.
+    opens as many as needed, and keeps up to ``IDLE_CONNECTIONS`` of them for the next
+    snapshots: under a steady write load the poller, the outbox deletes and a few subqueries
+    hold one each at once, and a connection opened per snapshot cost a TCP and TLS handshake
+    and, with PyMySQL, a new TLS context loading the CA store (a sixth of a busy MariaDB
+    wrapper's time, profiled).
     """
-    engine = sa.create_engine(url, pool_size=2, max_overflow=-1, pool_pre_ping=True, **options)
+    engine = sa.create_engine(url, pool_size=IDLE_CONNECTIONS, max_overflow=-1, pool_pre_ping=True, **options)
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")

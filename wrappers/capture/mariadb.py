@@ -23,7 +23,7 @@ subquery keys) neither commits nor changes it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import sqlalchemy as sa
 
@@ -177,13 +177,14 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 # -- the outbox --------------------------------------------------------------------------
 
 
-def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
-    """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in id order (which
-    respects write-write dependencies, see ``common.in_transaction_order``)."""
+def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> list[OutboxRow]:
+    """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``
+    (left out undecoded), in id order (which respects write-write dependencies, see
+    ``common.in_transaction_order``)."""
     result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
-    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]
+    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result if id not in skip]
 
 
 def outbox_high_water(engine: sa.Engine) -> int:

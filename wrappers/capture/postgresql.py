@@ -18,7 +18,8 @@ first statement and a TEMP table written inside it (the subquery keys) does not 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Container, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -188,14 +189,25 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 # -- the outbox --------------------------------------------------------------------------
 
 
-def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
-    """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in transaction order."""
-    result: sa.CursorResult[int, str, str, Op, dict[str, Any] | None, dict[str, Any] | None] = conn.execute(
-        sa.text(f"SELECT id, txid::text, relation, op, old, new FROM {OUTBOX} WHERE id > :after"), {"after": after}
+def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> list[OutboxRow]:
+    """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``,
+    in transaction order. The values are read as text and decoded here, so that skipped
+    rows are not decoded (psycopg decodes a ``jsonb`` column with ``json.loads`` too)."""
+    result: sa.CursorResult[int, str, str, Op, str | None, str | None] = conn.execute(
+        sa.text(f"SELECT id, txid::text, relation, op, old::text, new::text FROM {OUTBOX} WHERE id > :after"),
+        {"after": after},
     )
     return in_transaction_order(
-        [OutboxRow(id, relation, op, old, new, txid) for id, txid, relation, op, old, new in result]
+        [
+            OutboxRow(id, relation, op, _values(old), _values(new), txid)
+            for id, txid, relation, op, old, new in result
+            if id not in skip
+        ]
     )
+
+
+def _values(text: str | None) -> dict[str, Any] | None:
+    return json.loads(text) if text is not None else None
 
 
 def outbox_high_water(engine: sa.Engine) -> int:

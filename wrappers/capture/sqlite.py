@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -215,12 +215,13 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 
 # -- the outbox --------------------------------------------------------------------------
-def read_outbox(conn: sa.Connection, after: int) -> list[OutboxRow]:
-    """The outbox rows visible in ``conn``'s snapshot with id > ``after``, in commit order."""
+def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> list[OutboxRow]:
+    """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``
+    (left out undecoded), in commit order."""
     result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
         sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"), {"after": after}
     )
-    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result]
+    return [outbox_row(id, relation, op, old, new) for id, relation, op, old, new in result if id not in skip]
 
 
 def delete_outbox(engine: sa.Engine, through: int) -> None:
