@@ -54,7 +54,7 @@ OWN_JVMS = frozenset(
         "test_serve_startup.py::test_serve_answers_503_while_spark_starts_and_reports_a_dead_jvm",
     }
 )
-SESSION_JVMS = frozenset({"spark", "analysts"})  # session fixtures of tests/spark/conftest.py
+SESSION_JVMS = frozenset({"spark", "analysts", "analysts_started"})  # session fixtures of tests/spark/conftest.py
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks

@@ -468,13 +468,17 @@ class AbuseRun:
 
     async def _run(self, paths: dict[str, Path], analysts, compactor) -> dict:
         from api.auth import issue
-        from pvm.local_deployment import LocalDeployment
+        from pvm.local_deployment import LocalDeployment, side_by_side
 
         async with LocalDeployment(self.data_dir, self.store) as deployment:
             manager = deployment.manager
             manager.analysts = analysts  # REST queries and row pages go to it, as in pvm serve
-            for source, (table, _) in SCHEMAS.items():
-                await deployment.add_sqlite_source(source, paths[source], [table], max_concurrent_queries=2)
+            await side_by_side(
+                *(
+                    deployment.add_sqlite_source(source, paths[source], [table], max_concurrent_queries=2)
+                    for source, (table, _) in SCHEMAS.items()
+                )
+            )
             with self.console.status("initial load of the view"):
                 await manager.define_view(VIEW_SQL, parallelism=self.args.parallelism, batch_size=self.args.batch_size)
                 await manager.wait_idle(VIEW, timeout=300)

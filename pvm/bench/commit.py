@@ -236,11 +236,15 @@ class Freshness:
             return await self._run_deployment(paths, compactor)
 
     async def _run_deployment(self, paths: dict[str, Path], compactor) -> dict:
-        from pvm.local_deployment import LocalDeployment
+        from pvm.local_deployment import LocalDeployment, side_by_side
 
         async with LocalDeployment(self.data_dir, self.store) as deployment:
-            for source, (table, _) in SCHEMAS.items():
-                await deployment.add_sqlite_source(source, paths[source], [table], max_concurrent_queries=2)
+            await side_by_side(
+                *(
+                    deployment.add_sqlite_source(source, paths[source], [table], max_concurrent_queries=2)
+                    for source, (table, _) in SCHEMAS.items()
+                )
+            )
             manager = deployment.manager
             with self.console.status("initial load of the view"):
                 await manager.define_view(VIEW_SQL, parallelism=self.args.parallelism, batch_size=self.args.batch_size)

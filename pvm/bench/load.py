@@ -213,12 +213,13 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pvm.bench.three_sources import TABLES, VIEW, WrapperSet
-    from pvm.local_deployment import LocalDeployment
+    from pvm.local_deployment import LocalDeployment, side_by_side
 
     async with LocalDeployment(run_dir, store) as deployment:
         wrappers = WrapperSet(deployment)
-        for source, url in urls.items():
-            await wrappers.add(source, url, [TABLES[source][0]], capture="trigger")
+        await side_by_side(
+            *(wrappers.add(source, url, [TABLES[source][0]], capture="trigger") for source, url in urls.items())
+        )
         manager = deployment.manager
         name = f"load_{n}"
         columns = (

@@ -20,7 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> SparkSession:
+def spark(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> SparkSession:
+    if any("analysts" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        # a test of the run needs the analysts' query process: its JVM and warm-up start now,
+        # beside the session's, rather than when that test comes and waits for them
+        request.getfixturevalue("analysts_started")
     return get_spark(
         master="local[2]",
         warehouse_dir=tmp_path_factory.mktemp("spark-warehouse"),
@@ -60,9 +64,10 @@ def view() -> str:
 
 
 @pytest.fixture(scope="session")
-def analysts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnalystProcess]:
-    """The analysts' query process of the run (a second JVM, as the service has): views of
-    stores subscribed to it are shown there; its Spark Connect server listens on loopback."""
+def analysts_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnalystProcess]:
+    """The analysts' query process of the run (a second JVM, as the service has), started and
+    not waited for: views of stores subscribed to it are shown there; its Spark Connect
+    server listens on loopback."""
     process = AnalystProcess(
         AnalystSettings(
             work_dir=tmp_path_factory.mktemp("analysts"),
@@ -74,9 +79,15 @@ def analysts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnalystProces
         )
     )
     process.start()
-    assert process.wait_ready(180), process.status()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def analysts(analysts_started: AnalystProcess) -> AnalystProcess:
+    """The run's analysts' query process, once it answers."""
+    assert analysts_started.wait_ready(180), analysts_started.status()
+    return analysts_started
 
 
 @pytest.fixture

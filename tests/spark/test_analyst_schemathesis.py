@@ -62,8 +62,11 @@ def test_no_analyst_operation_answers_5xx_on_the_spark_store(
         failures: list[str] = []
         statuses: Counter[int] = Counter()
         for operation in operations:
-            for mode, pinned in itertools.product((GenerationMode.POSITIVE, GenerationMode.NEGATIVE), (None, view)):
-                reaches_the_store = pinned is not None and "{name}" in operation.path
+            # pinning the view's name changes nothing of an operation without a {name}: its
+            # derandomized requests would only be sent twice
+            names = (None, view) if "{name}" in operation.path else (None,)
+            for mode, pinned in itertools.product((GenerationMode.POSITIVE, GenerationMode.NEGATIVE), names):
+                reaches_the_store = pinned is not None
                 examples = STORE_EXAMPLES if reaches_the_store else SCHEMATHESIS_EXAMPLES
                 try:
                     exercise(operation, mode, live, statuses, {"name": pinned} if pinned else None, examples)

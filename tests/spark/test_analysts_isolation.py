@@ -2,7 +2,13 @@
 queries that run too long end in the analysts' query process, which is restarted when need
 be, while the manager keeps maintaining the view and answering health; limits on concurrent
 queries and answer sizes hold. The process here is one of its own (small limits), so that
-its restarts do not disturb the other tests' process."""
+its restarts do not disturb the other tests' process.
+
+Every restart costs a JVM start and warm-up (10 to 30 s on a busy machine), which the next
+test waits for: the tests are ordered so that the last restart (the never-ending plan's) is
+the one nobody waits for, the queries past their time share one restart with the limits,
+and a restart waits 0.5 s at most, not the service's backoff of 2, 4 and 8 s for restarts
+within a minute of one another (the supervisor's to test: ``restart_backoff``)."""
 
 from __future__ import annotations
 
@@ -49,6 +55,8 @@ def small_analysts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Analyst
             grace_s=GRACE_S,
             max_result_bytes=4096,
             spark_conf={"spark.sql.shuffle.partitions": "2"},
+            restart_backoff_s=0.1,
+            max_restart_backoff_s=0.5,
         )
     )
     process.start()
@@ -88,6 +96,15 @@ async def maintained_meanwhile(manager, sources, store: SparkStore, view: str) -
         await sources["s1"].ship()
     await settle(manager, store, view)
     assert manager.watermark(view) > before
+
+
+async def test_the_query_process_warms_up_before_it_says_it_is_ready(small_analysts: AnalystProcess) -> None:
+    """A fresh JVM's first query pays for loading the planner and code generation: the
+    process pays it itself, before it answers, so that no analyst's time limit does."""
+    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
+    log = (small_analysts.settings.work_dir / "query-process.log").read_text()
+    warmed, ready = log.find("query process warmed up in"), log.find("analysts' query process ready on")
+    assert 0 <= warmed < ready, log[-2000:]
 
 
 async def test_a_query_that_kills_the_jvm_restarts_only_the_query_process(
@@ -141,6 +158,70 @@ async def test_a_query_that_kills_the_jvm_restarts_only_the_query_process(
         await manager.stop()
 
 
+async def test_limits_hold_and_queries_past_their_time_stop_running(
+    spark_store: SparkStore, small_analysts: AnalystProcess, tmp_path, view: str
+) -> None:
+    """An answer is cut to the size limit; one token, then the service, runs no more queries
+    at once than its limit; and queries past their time are answered so and stop running."""
+    manager, sources = await running_view(tmp_path, spark_store, small_analysts, view)
+    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
+    try:
+        _, first = await issue(manager, "analyst")
+        _, second = await issue(manager, "analyst")
+        _, third = await issue(manager, "analyst")
+        async with client_of(manager, first) as a, client_of(manager, second) as b, client_of(manager, third) as c:
+            wide = f"SELECT a.id, a.b, b.c, lpad('x', 100, 'x') AS pad FROM {view} a, {view} b"
+            answer = await c.post("/v1/query", json={"sql": wide, "limit": 1000})
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["truncated"] and 0 < len(body["rows"]) < 1000
+            assert len(str(body["rows"])) <= 4096 * 1.2
+
+            restarts = small_analysts.restarts
+            slow = asyncio.create_task(a.post("/v1/query", json={"sql": ENDLESS_JOIN.format(view=view)}))
+            await wait_until(lambda: sum(small_analysts._admitted.values()) == 1, 10, "the slow query runs")
+            again = await a.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
+            assert again.status_code == 429 and again.headers["Retry-After"] == "1"
+            assert "the most one token may run at once" in again.json()["detail"]
+            other = asyncio.create_task(b.post("/v1/query", json={"sql": ENDLESS_JOIN.format(view=view)}))
+            await wait_until(lambda: sum(small_analysts._admitted.values()) == 2, 10, "both slow queries run")
+            full = await c.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
+            assert full.status_code == 429 and "the most the service runs at once" in full.json()["detail"]
+            # the first is answered past its time (400 naming the limit); so is the other, or it
+            # ends in the process that the first's ignored cancel ended (503)
+            answer = await slow
+            assert answer.status_code == 400 and "longer than" in answer.json()["detail"], answer.text
+            ended = (await other).status_code
+            assert ended in (400, 503), ended
+
+            # Their jobs are cancelled; a cross join's tasks never look at their interrupt, so
+            # the process ends itself once they have run the grace period past the cancel:
+            # nothing of the queries holds a core afterwards.
+            def stopped() -> bool:
+                health = small_analysts._health()
+                if small_analysts.restarts > restarts:
+                    return small_analysts.ready
+                return health is not None and not health.running and not health.zombie_tasks
+
+            await wait_until(stopped, GRACE_S + 60, "the queries' work stopped")
+            if small_analysts.restarts > restarts:
+                # ended by its own reaper (exit 71), or, on a machine too busy for the reaper
+                # to look in time, by the manager once the grace period after the cancel passed;
+                # the other query's 503 may have been the first to see it gone
+                why = small_analysts.last_exit or ""
+                assert (
+                    "exited with code 71" in why
+                    or "after it was cancelled" in why
+                    or (ended == 503 and "stopped answering" in why)
+                ), why
+            await settle(manager, spark_store, view)
+            started = time.monotonic()
+            answer = await c.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
+            assert answer.status_code == 200 and time.monotonic() - started < TIMEOUT_S  # no core held
+    finally:
+        await manager.stop()
+
+
 async def test_a_plan_that_never_finishes_is_ended_and_health_answers_meanwhile(
     spark_store: SparkStore, small_analysts: AnalystProcess, tmp_path, view: str
 ) -> None:
@@ -174,79 +255,3 @@ async def test_a_plan_that_never_finishes_is_ended_and_health_answers_meanwhile(
             assert "still ran" in (small_analysts.last_exit or "")
     finally:
         await manager.stop()
-
-
-async def test_a_query_past_its_time_stops_running(
-    spark_store: SparkStore, small_analysts: AnalystProcess, tmp_path, view: str
-) -> None:
-    manager, sources = await running_view(tmp_path, spark_store, small_analysts, view)
-    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
-    try:
-        _, token = await issue(manager, "analyst")
-        async with client_of(manager, token) as api:
-            restarts = small_analysts.restarts
-            answer = await api.post("/v1/query", json={"sql": ENDLESS_JOIN.format(view=view)})
-            assert answer.status_code == 400 and "longer than" in answer.json()["detail"], answer.text
-
-            # Its jobs are cancelled; a cross join's tasks never look at their interrupt, so
-            # the process ends itself once they have run the grace period past the cancel:
-            # nothing of the query holds a core afterwards.
-            def stopped() -> bool:
-                health = small_analysts._health()
-                if small_analysts.restarts > restarts:
-                    return small_analysts.ready
-                return health is not None and not health.running and not health.zombie_tasks
-
-            await wait_until(stopped, GRACE_S + 60, "the query's work stopped")
-            if small_analysts.restarts > restarts:
-                # ended by its own reaper (exit 71), or, on a machine too busy for the reaper
-                # to look in time, by the manager once the grace period after the cancel passed
-                why = small_analysts.last_exit or ""
-                assert "exited with code 71" in why or "after it was cancelled" in why, why
-            await settle(manager, spark_store, view)
-            started = time.monotonic()
-            answer = await api.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
-            assert answer.status_code == 200 and time.monotonic() - started < TIMEOUT_S  # no core held
-    finally:
-        await manager.stop()
-
-
-async def test_limits_on_concurrent_queries_and_answer_sizes(
-    spark_store: SparkStore, small_analysts: AnalystProcess, tmp_path, view: str
-) -> None:
-    manager, sources = await running_view(tmp_path, spark_store, small_analysts, view)
-    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
-    try:
-        _, first = await issue(manager, "analyst")
-        _, second = await issue(manager, "analyst")
-        _, third = await issue(manager, "analyst")
-        async with client_of(manager, first) as a, client_of(manager, second) as b, client_of(manager, third) as c:
-            wide = f"SELECT a.id, a.b, b.c, lpad('x', 100, 'x') AS pad FROM {view} a, {view} b"
-            answer = await c.post("/v1/query", json={"sql": wide, "limit": 1000})
-            assert answer.status_code == 200, answer.text
-            body = answer.json()
-            assert body["truncated"] and 0 < len(body["rows"]) < 1000
-            assert len(str(body["rows"])) <= 4096 * 1.2
-
-            slow = asyncio.create_task(a.post("/v1/query", json={"sql": ENDLESS_JOIN.format(view=view)}))
-            await wait_until(lambda: sum(small_analysts._admitted.values()) == 1, 10, "the slow query runs")
-            again = await a.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
-            assert again.status_code == 429 and again.headers["Retry-After"] == "1"
-            assert "the most one token may run at once" in again.json()["detail"]
-            other = asyncio.create_task(b.post("/v1/query", json={"sql": ENDLESS_JOIN.format(view=view)}))
-            await wait_until(lambda: sum(small_analysts._admitted.values()) == 2, 10, "both slow queries run")
-            full = await c.post("/v1/query", json={"sql": f"SELECT count(*) FROM {view}"})
-            assert full.status_code == 429 and "the most the service runs at once" in full.json()["detail"]
-            # both end past their time (400), or in the process their ignored cancels end (503)
-            assert {(await slow).status_code, (await other).status_code} <= {400, 503}
-    finally:
-        await manager.stop()
-
-
-async def test_the_query_process_warms_up_before_it_says_it_is_ready(small_analysts: AnalystProcess) -> None:
-    """A fresh JVM's first query pays for loading the planner and code generation: the
-    process pays it itself, before it answers, so that no analyst's time limit does."""
-    await wait_until(lambda: small_analysts.ready, 120, "the query process is ready")
-    log = (small_analysts.settings.work_dir / "query-process.log").read_text()
-    warmed, ready = log.find("query process warmed up in"), log.find("analysts' query process ready on")
-    assert 0 <= warmed < ready, log[-2000:]

@@ -1,21 +1,41 @@
 """``pvm bench commit`` end to end at toy sizes: both commit rates, and freshness traced from
 source transactions through the update log to the publishes (real numbers come from a
-manual run, see docs/spark.md)."""
+manual run, see docs/spark.md).
+
+Its SQL readers query the run's analysts' query process (the ``analysts`` fixture), which
+shows the bench's view as a query process of the bench's own would: a JVM and warm-up fewer.
+``running_analysts`` itself starts and stops one in tests/spark/test_bench_abuse_cli.py."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
+import pvm.bench.commit
 from pvm.bench.commit import STAGES, Freshness, Trace, _quantile
 from pvm.cli import main
+from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings
 
 pytestmark = pytest.mark.spark
 
 
-def test_bench_commit_measures_rates_and_freshness(spark, tmp_path, monkeypatch) -> None:
+def test_bench_commit_measures_rates_and_freshness(spark, analysts, tmp_path, monkeypatch) -> None:
+    asked: list[AnalystSettings] = []
+
+    @asynccontextmanager
+    async def the_runs_analysts(store, settings: AnalystSettings) -> AsyncIterator[AnalystProcess]:
+        asked.append(settings)
+        store.subscribe(analysts.publish)
+        try:
+            yield analysts
+        finally:
+            store.unsubscribe(analysts.publish)
+
+    monkeypatch.setattr(pvm.bench.commit, "running_analysts", the_runs_analysts)
     traced: list[tuple[float, Trace]] = []  # per transaction traced: its commit at the source, its way
     figures_of = Freshness._figures
 
@@ -36,6 +56,8 @@ def test_bench_commit_measures_rates_and_freshness(spark, tmp_path, monkeypatch)
         "--data-dir", str(tmp_path / "data"), "--json", str(out),
     ])  # fmt: skip
     assert code == 0
+    [settings] = asked  # a process of its own would run on one core, in the run's data directory
+    assert settings.master == "local[1]" and settings.work_dir == tmp_path / "data" / "analysts"
     figures = json.loads(out.read_text())
     assert figures["commit"]["grouped_rows_per_s"] > 0 and figures["commit"]["speedup"] > 0
     fresh = figures["freshness"]

@@ -282,7 +282,7 @@ async def test_a_view_survives_a_lost_worker_and_a_manager_restart(
         await until(lambda: view_status(manager, "v")["state"] == "active", 120, "the view's initial load")
 
         step("view defined")
-        writers = Writers(urls, transactions=60, connections=2, pause=1.5)
+        writers = Writers(urls, transactions=60, connections=2, pause=0.6)
         threads += writers.start()
         await asyncio.sleep(2)
         # a worker's machine dies: its JVM and its executor, at once

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from contract.relation_snapshot import RelationSnapshot
 from contract.zset import ZSet
-from pvm.local_deployment import LocalDeployment, catalog_url
+from pvm.local_deployment import LocalDeployment, catalog_url, side_by_side
 from warehouse.engine_load import EngineLoad
 from warehouse.manager import Manager
 from warehouse.recompute import recompute
@@ -92,8 +92,12 @@ async def deployed(
     store = SparkStore(spark, tmp_path / "data")
     try:
         async with LocalDeployment(tmp_path, store) as deployment:
-            for source, (table, _) in SOURCES.items():
-                await deployment.add_sqlite_source(source, paths[source], [table])
+            await side_by_side(
+                *(
+                    deployment.add_sqlite_source(source, paths[source], [table])
+                    for source, (table, _) in SOURCES.items()
+                )
+            )
             yield store, deployment
     finally:
         for view in store.views():

@@ -1,7 +1,11 @@
 """Analysts' Spark Connect through the manager's gateway: a real pyspark Connect client (its
 own process) reads a view with an analyst token of the service, and everything else an
 analyst session could try (files, scripts, writes, DDL, UDFs, store tables, settings, other
-tokens' sessions) is refused; tokens of other roles, unknown and revoked tokens get nothing."""
+tokens' sessions) is refused; tokens of other roles, unknown and revoked tokens get nothing.
+
+One client process opens a session per token it is given, in turn (a process costs its
+interpreter and PySpark's import, about a second on a busy machine); the revoked token's
+session is a process of its own, after the revocation."""
 
 from __future__ import annotations
 
@@ -27,45 +31,58 @@ import json, re, sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-url, view = sys.argv[1], sys.argv[2]
-spark = SparkSession.builder.remote(url).getOrCreate()
-attempts = {
-    "sql": lambda: [list(r) for r in spark.sql(f"SELECT id, b, c FROM {view} ORDER BY id, b, c").collect()],
-    "dataframe": lambda: [list(r) for r in spark.table(view).where(F.col("c") > 0).groupBy("c").count().orderBy("c").collect()],
-    "select_expr": lambda: spark.table(view).selectExpr("id + 1 AS next").count(),
-    "schema": lambda: spark.table(view).schema.simpleString(),
-    "read_file": lambda: spark.read.text("/etc/passwd").collect(),
-    "read_parquet": lambda: spark.read.parquet("/tmp").collect(),
-    "script": lambda: spark.sql(f"SELECT TRANSFORM(id) USING 'cat' FROM {view}").collect(),
-    "write": lambda: spark.table(view).write.parquet("/tmp/pvm-connect-write-test"),
-    "drop": lambda: spark.sql(f"DROP VIEW {view}").collect(),
-    "insert": lambda: spark.sql(f"INSERT INTO pvm_zlog_{view} SELECT 1, 1, 1, 1, 1").collect(),
-    "udf": lambda: spark.table(view).select(F.udf(lambda x: x)("id")).collect(),
-    "temp_view": lambda: spark.table(view).createOrReplaceTempView("mine"),
-    "store_table": lambda: spark.table(f"pvm_zlog_{view}").collect(),
-    "setting": lambda: spark.conf.set("spark.sql.shuffle.partitions", "1"),
-    "environment": lambda: spark.sql("SELECT current_user()").collect(),
-    "reflect": lambda: spark.table(view).select(F.expr("reflect('java.lang.System', 'getenv', 'HOME')")).collect(),
-    "cache": lambda: spark.table(view).cache().count(),
-}
-out = {}
-for name, attempt in attempts.items():
+view, sessions = sys.argv[1], json.loads(sys.argv[2])  # [[address, attempts to make, or null: all]]
+
+def attempts_of(spark):
+    return {
+        "sql": lambda: [list(r) for r in spark.sql(f"SELECT id, b, c FROM {view} ORDER BY id, b, c").collect()],
+        "dataframe": lambda: [list(r) for r in spark.table(view).where(F.col("c") > 0).groupBy("c").count().orderBy("c").collect()],
+        "select_expr": lambda: spark.table(view).selectExpr("id + 1 AS next").count(),
+        "schema": lambda: spark.table(view).schema.simpleString(),
+        "read_file": lambda: spark.read.text("/etc/passwd").collect(),
+        "read_parquet": lambda: spark.read.parquet("/tmp").collect(),
+        "script": lambda: spark.sql(f"SELECT TRANSFORM(id) USING 'cat' FROM {view}").collect(),
+        "write": lambda: spark.table(view).write.parquet("/tmp/pvm-connect-write-test"),
+        "drop": lambda: spark.sql(f"DROP VIEW {view}").collect(),
+        "insert": lambda: spark.sql(f"INSERT INTO pvm_zlog_{view} SELECT 1, 1, 1, 1, 1").collect(),
+        "udf": lambda: spark.table(view).select(F.udf(lambda x: x)("id")).collect(),
+        "temp_view": lambda: spark.table(view).createOrReplaceTempView("mine"),
+        "store_table": lambda: spark.table(f"pvm_zlog_{view}").collect(),
+        "setting": lambda: spark.conf.set("spark.sql.shuffle.partitions", "1"),
+        "environment": lambda: spark.sql("SELECT current_user()").collect(),
+        "reflect": lambda: spark.table(view).select(F.expr("reflect('java.lang.System', 'getenv', 'HOME')")).collect(),
+        "cache": lambda: spark.table(view).cache().count(),
+    }
+
+def outcome(attempt):
     try:
-        out[name] = {"ok": attempt()}
+        return {"ok": attempt()}
     except Exception as exc:
         text = " ".join(str(exc).split())
         code = re.search(r"StatusCode\.([A-Z_]+)", text)
         details = re.search(r'details = "([^"]*)"', text)
-        out[name] = {"code": code.group(1) if code else type(exc).__name__, "detail": details.group(1) if details else text[:300]}
+        return {"code": code.group(1) if code else type(exc).__name__, "detail": details.group(1) if details else text[:300]}
+
+out = []
+for address, names in sessions:
+    attempts = attempts_of(SparkSession.builder.remote(address).create())
+    out.append({name: outcome(attempts[name]) for name in names or attempts})
 print(json.dumps(out))
 """
 
 
-def client(url: str, token: str | None, view: str, session: str | None = None) -> dict:
-    address = url + "/" + "".join(f";{k}={v}" for k, v in (("token", token), ("session_id", session)) if v)
-    done = subprocess.run([sys.executable, "-c", CLIENT, address, view], capture_output=True, text=True, timeout=300)
+def clients(url: str, view: str, *sessions: tuple[str | None, str | None, list[str] | None]) -> list[dict]:
+    """What each of ``sessions`` (a token, a session id, the attempts to make: None for all)
+    got, each a Spark Connect session of its own, opened in turn by one client process."""
+    addresses = [
+        [url + "/" + "".join(f";{k}={v}" for k, v in (("token", token), ("session_id", session)) if v), attempts]
+        for token, session, attempts in sessions
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT, view, json.dumps(addresses)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 async def test_analysts_read_views_through_spark_connect_and_nothing_else(
@@ -86,8 +103,22 @@ async def test_analysts_read_views_through_spark_connect_and_nothing_else(
         await settle(manager, analyst_store, view)
         expected = sorted(list(r) for r in analyst_store.read_rows(view))
         info, token = await issue(manager, "analyst")
-
-        seen = await asyncio.to_thread(client, url, token, view)
+        _, other = await issue(manager, "analyst")
+        _, wrapper = await issue(manager, "wrapper", "s1")
+        session = str(uuid.uuid4())
+        sql = ["sql"]
+        seen, again, own, stolen, as_wrapper, *unauthenticated = await asyncio.to_thread(
+            clients,
+            url,
+            view,
+            (token, None, None),  # every attempt
+            (token, None, sql),  # then the view, as before
+            (token, session, sql),  # a session, then another token in it
+            (other, session, sql),
+            (wrapper, None, sql),  # other roles, missing and unknown tokens
+            (None, None, sql),
+            ("pvm_1_" + "x" * 40, None, sql),
+        )
         assert seen["sql"] == {"ok": expected}
         by_c: dict[int, int] = {}
         for row in expected:
@@ -117,22 +148,18 @@ async def test_analysts_read_views_through_spark_connect_and_nothing_else(
             assert words in refused[name]["detail"], (name, refused[name])
         assert not (tmp_path / "pvm-connect-write-test").exists()
         # nothing an analyst tried changed the view
-        assert (await asyncio.to_thread(client, url, token, view))["sql"] == {"ok": expected}
+        assert again == {"sql": {"ok": expected}}
 
         # a session stays with the token that opened it
-        session = str(uuid.uuid4())
-        _, other = await issue(manager, "analyst")
-        assert "ok" in (await asyncio.to_thread(client, url, token, view, session))["sql"]
-        stolen = (await asyncio.to_thread(client, url, other, view, session))["sql"]
-        assert stolen["code"] == "PERMISSION_DENIED" and "another token" in stolen["detail"]
+        assert "ok" in own["sql"]
+        assert stolen["sql"]["code"] == "PERMISSION_DENIED" and "another token" in stolen["sql"]["detail"]
 
-        # other roles, unknown, missing and revoked tokens
-        _, wrapper = await issue(manager, "wrapper", "s1")
-        assert (await asyncio.to_thread(client, url, wrapper, view))["sql"]["code"] == "PERMISSION_DENIED"
-        for bad in (None, "pvm_1_" + "x" * 40):
-            assert (await asyncio.to_thread(client, url, bad, view))["sql"]["code"] == "UNAUTHENTICATED"
+        # other roles, missing, unknown and revoked tokens
+        assert as_wrapper["sql"]["code"] == "PERMISSION_DENIED"
+        assert [bad["sql"]["code"] for bad in unauthenticated] == ["UNAUTHENTICATED"] * 2
         verifier.remember(await manager.db(Catalog.revoke_token, info.id))
-        assert (await asyncio.to_thread(client, url, token, view))["sql"]["code"] == "UNAUTHENTICATED"
+        [revoked] = await asyncio.to_thread(clients, url, view, (token, None, sql))
+        assert revoked["sql"]["code"] == "UNAUTHENTICATED"
     finally:
         gateway.stop()
         await manager.stop()

@@ -5,8 +5,9 @@ restart it, and hand it analysts' work within limits.
   that ending it ends its JVM too), with a minimal environment (no secret of the manager's),
   optionally as another OS user. A watcher thread waits until it answers, sends it every
   view's record, then asks its health every ``health_interval_s``; a process that exits, or
-  fails three health checks in a row, is ended and started again after a backoff (1 s,
-  doubling to 30 s, back to 1 s after a minute of health). ``restarts`` counts them.
+  fails three health checks in a row, is ended and started again after a backoff
+  (``restart_backoff``: 1 s, doubling to 30 s, back to 1 s after a minute of health).
+  ``restarts`` counts them.
 * **Records.** The store's listener (``publish``) only notes the newest record per view; a
   sender thread posts what changed, in order, coalescing bursts. After a restart the whole
   set goes again. So does the newest consistent cut over all views the manager hands over
@@ -187,9 +188,26 @@ class AnalystSettings:
     health_interval_s: float = 2.0
     start_timeout_s: float = 180.0
     cut_interval_s: float = 0.5  # how often, at most, the consistent views move to a newer cut
+    restart_backoff_s: float = 1.0  # the wait before a start (see ``restart_backoff``)
+    max_restart_backoff_s: float = 30.0
 
 
 T = TypeVar("T")
+
+
+def restart_backoff(previous_s: float, lived_s: float, settings: AnalystSettings) -> float:
+    """The wait before starting the next process: ``restart_backoff_s`` after one that lived a
+    minute, else twice the ``previous_s`` wait, at most ``max_restart_backoff_s``.
+
+    >>> settings = AnalystSettings(work_dir=Path("analysts"))
+    >>> [restart_backoff(previous, 5.0, settings) for previous in (1.0, 2.0, 16.0, 30.0)]
+    [2.0, 4.0, 30.0, 30.0]
+    >>> restart_backoff(30.0, 61.0, settings)
+    1.0
+    """
+    if lived_s > 60:
+        return settings.restart_backoff_s
+    return min(previous_s * 2, settings.max_restart_backoff_s)
 
 
 class AnalystProcess:
@@ -344,7 +362,7 @@ class AnalystProcess:
         process.wait(timeout=30)
 
     def _watch(self) -> None:
-        backoff = 1.0
+        backoff = self.settings.restart_backoff_s
         while not self._stopping.is_set():
             self._restart.clear()
             self._restart_reason = None
@@ -361,8 +379,8 @@ class AnalystProcess:
                 return
             self.last_exit = why
             self.restarts += 1
-            backoff = 1.0 if time.monotonic() - started > 60 else min(backoff * 2, 30.0)
-            log.warning("analysts' query process ended (%s); starting another in %.0f s", why, backoff)
+            backoff = restart_backoff(backoff, time.monotonic() - started, self.settings)
+            log.warning("analysts' query process ended (%s); starting another in %.1f s", why, backoff)
             self._stopping.wait(backoff)
 
     def _wait_until_answering(self) -> str | None:
