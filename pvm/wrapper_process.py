@@ -1,10 +1,9 @@
-"""Start a wrapper as a child process (for tests, demos and benchmarks).
+"""Start a wrapper as a child process (for tests, demos and benchmarks). It needs a manager
+to register with, so the example is not run as a doctest::
 
->>> w = start_wrapper("shop", "sqlite:///shop.db", ["orders"], "http://127.0.0.1:8000",
-...                   state_dir=Path("state"))                     # doctest: +SKIP
->>> w.url                                                          # doctest: +SKIP
-'http://127.0.0.1:41234'
->>> w.stop()                                                       # doctest: +SKIP
+    w = start_wrapper("shop", "sqlite:///shop.db", ["orders"], "http://127.0.0.1:8000", state_dir=Path("state"))
+    w.url  # 'http://127.0.0.1:41234'
+    w.stop()
 """
 
 from __future__ import annotations
