@@ -139,6 +139,11 @@ class SourceCursor:
     staging: Staging | None = None  # the update whose parts are arriving
     assembling: asyncio.Lock = field(default_factory=asyncio.Lock)  # one part at a time
 
+    def ack(self, parts: int | None = None) -> Ack:
+        """The acknowledgment of what the source has released and holds (and ``parts``: of
+        the update being staged, how many parts the manager has)."""
+        return Ack(through=self.released_through, held=sorted(self.held), parts=parts)
+
 
 @dataclass(frozen=True)
 class SourceStatus:
@@ -306,7 +311,7 @@ class Receiver:
         async with cursor.releasing:
             await self._release_ready(cursor, stored)
             cursor.held.update((seq, e.id) for seq, e in stored.items() if seq > cursor.released_through)
-        return Ack(through=cursor.released_through, held=sorted(cursor.held))
+        return cursor.ack()
 
     async def _receive_part(self, source: str, update: Update | PlainUpdate) -> Ack:
         """Stage one part of the update it belongs to; with its last part, log the whole
@@ -322,7 +327,7 @@ class Receiver:
                     if cursor.staging is not None and cursor.staging.seq == seq:
                         await self._db(Catalog.drop_staged, source)
                         cursor.staging = None
-                    return Ack(through=cursor.released_through, held=sorted(cursor.held))
+                    return cursor.ack()
                 raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
             self._check_window(source, cursor, [update])
             if part.index == 0:  # part 0 starts the update afresh
@@ -346,7 +351,7 @@ class Receiver:
                 raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
             staging.parts, staging.changes, staging.digest = part.index + 1, staging.changes + len(changes), digest
             cursor.staging = staging
-            return Ack(through=cursor.released_through, held=sorted(cursor.held), parts=staging.parts)
+            return cursor.ack(parts=staging.parts)
 
     @staticmethod
     def _continued(named: str, update: Update | PlainUpdate, index: int, staging: Staging | None) -> Staging:
