@@ -277,6 +277,12 @@ def reflected_through(start: Mapping[str, int], units: Sequence[UnitInfo], order
     return upto
 
 
+def _pruned_through(s: Session, source: str) -> int:
+    """The last seq of the source's log pruning removed (0: none): every seq up to it was
+    logged once."""
+    return s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+
+
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
@@ -443,7 +449,7 @@ class Catalog:
         SeqConflict if one is logged with other content."""
         # a seq pruned already was logged, reflected by every view and removed: a resend
         # of it is a duplicate (its content can no longer be compared)
-        pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+        pruned = _pruned_through(s, source)
         wanted = {seq: digest for seq, digest in digests.items() if seq > pruned}
         q = select(LogRow.seq, LogRow.digest).where(LogRow.source == source, LogRow.seq.in_(list(wanted)))
         stored: dict[int, str | None] = dict(s.execute(q).all())  # (seq, digest) rows
@@ -482,7 +488,7 @@ class Catalog:
 
     @staticmethod
     def _logged(s: Session, source: str, seq: int) -> bool:
-        pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+        pruned = _pruned_through(s, source)
         return (
             seq <= pruned or s.scalar(select(LogRow.id).where(LogRow.source == source, LogRow.seq == seq)) is not None
         )
@@ -620,7 +626,7 @@ class Catalog:
         seq -> log id of every stored update after a gap. Reads two integers per update only
         when there is a gap."""
         with Session(self.engine) as s:
-            pruned = s.scalar(select(SourceRow.pruned_through).where(SourceRow.name == source)) or 0
+            pruned = _pruned_through(s, source)
             after = (LogRow.source == source, LogRow.seq > pruned)
             count, last = s.execute(
                 select(func.count(LogRow.id), func.coalesce(func.max(LogRow.seq), 0)).where(*after)
