@@ -35,8 +35,8 @@ from tests.sim import Delays, SimSource, recompute, start_sim_manager
 from tests.test_oracle import TABLES as ORACLE_TABLES
 from tests.test_oracle import VIEWS as ORACLE_VIEWS
 from tests.test_oracle import check_view, random_row, random_transaction
+from warehouse.backoff import Backoff
 from warehouse.catalog.db import Catalog
-from warehouse.maintainer import Backoff
 from warehouse.sources import SourceError
 from warehouse.store.base import StoreError
 from warehouse.store.memory import MemoryStore

@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 from contract.value_fit import store_type_family, unfit_reason
 from contract.zset import ZSet
 from warehouse.aggregate import encode
+from warehouse.backoff import Backoff
 from warehouse.catalog.db import Catalog, CatalogCall
 from warehouse.consistent_cut import ViewSeqs
 from warehouse.counters import ViewCounters
@@ -92,15 +93,6 @@ async def run_blocking(executor: Executor | None, function: Callable[..., T], *a
 def always(exc: BaseException) -> bool:
     """Faults of the catalog, the backbone of recovery: retried whatever they are."""
     return True
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Waits between attempts after a transient fault: ``first_s``, doubling up to ``max_s``;
-    attempts go on for as long as the fault lasts."""
-
-    first_s: float = 0.5
-    max_s: float = 30.0
 
 
 @dataclass

@@ -29,6 +29,7 @@ from warehouse import engine_load
 from warehouse.aggregate import non_numeric, summed, visible
 from warehouse.analysts.messages import PinnedView
 from warehouse.analysts.supervisor import AnalystProcess
+from warehouse.backoff import Backoff
 from warehouse.catalog.db import (
     Catalog,
     CatalogError,
@@ -46,7 +47,7 @@ from warehouse.engine_load import EngineLoad, LoadStore, SnapshotSource
 from warehouse.errors import Conflict, Invalid, NotFound, Refused
 from warehouse.health import StoreProbe
 from warehouse.log_pruning import LogPruner, LogPruning
-from warehouse.maintainer import COMMIT_MODES, Backoff, ViewMaintainer, ViewSettings, run_blocking
+from warehouse.maintainer import COMMIT_MODES, ViewMaintainer, ViewSettings, run_blocking
 from warehouse.plan import ViewPlan
 from warehouse.protocol import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE_BUDGET, Unit, ViewProtocol, ViewUpdate
 from warehouse.receiver import DEFAULT_SEQ_WINDOW, PlainUpdate, Receiver, RelationShape

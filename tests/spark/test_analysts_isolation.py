@@ -24,6 +24,7 @@ from api.auth import issue
 from api.manager_app import create_app
 from tests.spark.analyst_support import change, join_sql, settle, sim_manager
 from warehouse.analysts.supervisor import AnalystProcess, AnalystSettings, QueryTimedOut
+from warehouse.backoff import Backoff
 from warehouse.store.spark import SparkStore
 
 pytestmark = pytest.mark.spark
@@ -55,8 +56,7 @@ def small_analysts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Analyst
             grace_s=GRACE_S,
             max_result_bytes=4096,
             spark_conf={"spark.sql.shuffle.partitions": "2"},
-            restart_backoff_s=0.1,
-            max_restart_backoff_s=0.5,
+            restart_backoff=Backoff(first_s=0.1, max_s=0.5),
         )
     )
     process.start()

@@ -6,7 +6,7 @@ restart it, and hand it analysts' work within limits.
   optionally as another OS user. A watcher thread waits until it answers, sends it every
   view's record, then asks its health every ``health_interval_s``; a process that exits, or
   fails three health checks in a row, is ended and started again after a backoff
-  (``restart_backoff``: 1 s, doubling to 30 s, back to 1 s after a minute of health).
+  (``next_wait``: 1 s, doubling to 30 s, back to 1 s after a minute of health).
   ``restarts`` counts them.
 * **Records.** The store's listener (``publish``) only notes the newest record per view; a
   sender thread posts what changed, in order, coalescing bursts. After a restart the whole
@@ -66,6 +66,7 @@ from warehouse.analysts.messages import (
     VerifyResult,
     WorkerHealth,
 )
+from warehouse.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -188,26 +189,24 @@ class AnalystSettings:
     health_interval_s: float = 2.0
     start_timeout_s: float = 180.0
     cut_interval_s: float = 0.5  # how often, at most, the consistent views move to a newer cut
-    restart_backoff_s: float = 1.0  # the wait before a start (see ``restart_backoff``)
-    max_restart_backoff_s: float = 30.0
+    # the waits before a start (``next_wait``)
+    restart_backoff: Backoff = field(default_factory=lambda: Backoff(first_s=1.0, max_s=30.0))
 
 
 T = TypeVar("T")
 
 
-def restart_backoff(previous_s: float, lived_s: float, settings: AnalystSettings) -> float:
-    """The wait before starting the next process: ``restart_backoff_s`` after one that lived a
-    minute, else twice the ``previous_s`` wait, at most ``max_restart_backoff_s``.
+def next_wait(previous_s: float, lived_s: float, backoff: Backoff) -> float:
+    """The wait before starting the next process: ``backoff.first_s`` after one that lived a
+    minute, else the wait after ``previous_s``.
 
-    >>> settings = AnalystSettings(work_dir=Path("analysts"))
-    >>> [restart_backoff(previous, 5.0, settings) for previous in (1.0, 2.0, 16.0, 30.0)]
+    >>> backoff = AnalystSettings(work_dir=Path("analysts")).restart_backoff
+    >>> [next_wait(previous, 5.0, backoff) for previous in (1.0, 2.0, 16.0, 30.0)]
     [2.0, 4.0, 30.0, 30.0]
-    >>> restart_backoff(30.0, 61.0, settings)
+    >>> next_wait(30.0, 61.0, backoff)
     1.0
     """
-    if lived_s > 60:
-        return settings.restart_backoff_s
-    return min(previous_s * 2, settings.max_restart_backoff_s)
+    return backoff.first_s if lived_s > 60 else backoff.after(previous_s)
 
 
 class AnalystProcess:
@@ -362,7 +361,7 @@ class AnalystProcess:
         process.wait(timeout=30)
 
     def _watch(self) -> None:
-        backoff = self.settings.restart_backoff_s
+        backoff = self.settings.restart_backoff.first_s
         while not self._stopping.is_set():
             self._restart.clear()
             self._restart_reason = None
@@ -379,7 +378,7 @@ class AnalystProcess:
                 return
             self.last_exit = why
             self.restarts += 1
-            backoff = restart_backoff(backoff, time.monotonic() - started, self.settings)
+            backoff = next_wait(backoff, time.monotonic() - started, self.settings.restart_backoff)
             log.warning("analysts' query process ended (%s); starting another in %.1f s", why, backoff)
             self._stopping.wait(backoff)
 
