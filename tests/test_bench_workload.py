@@ -18,7 +18,7 @@ from pvm.cli import main as pvm_main
 PHASE_KEYS = {
     "target_rate", "reached_rate", "transactions", "source_transactions", "mix", "writer_errors",
     "max_behind_schedule_s", "writing_s", "catch_up_s", "bounded", "views", "manager_cpu_pct_mean",
-    "manager_rss_mb_max", "jvm_cpu_pct_mean", "jvm_rss_mb_max", "samples",
+    "manager_rss_mb_max", "manager_rss_growth_after_1min_pct", "jvm_cpu_pct_mean", "jvm_rss_mb_max", "samples",
 }  # fmt: skip
 VIEW_KEYS = {
     "source_transactions", "freshness_p50_s", "freshness_p99_s", "freshness_max_s", "lag_max_s",
@@ -49,6 +49,7 @@ def test_bench_workload_writes_its_figures(tmp_path: Path, capsys: pytest.Captur
     assert phase["source_transactions"] > phase["transactions"]  # a New-Order commits in three databases
     # the manager runs in this process here: the JVM it counts is the suite's own Spark, if started
     assert phase["manager_rss_mb_max"] > 50 and phase["jvm_rss_mb_max"] >= 0
+    assert phase["manager_rss_growth_after_1min_pct"] is None  # a phase of 3 s has no settled size
     assert figures["highest_bounded_rate"] in (None, 15)
     assert set(phase["views"]) == set(VIEWS)
     for name, view in phase["views"].items():
