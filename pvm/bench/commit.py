@@ -465,11 +465,14 @@ def report(figures: dict) -> None:
     console = Console()
     c = figures["commit"]
     table = Table(title="Spark store commits (side by side, one run)")
-    for col in ("", "effect rows/s", "rows per append"):
+    for col in ("", "effect rows/s", "rows per append", "ms per append"):
         table.add_column(col)
-    table.add_row("grouped appends", f"{c['grouped_rows_per_s']:,.0f}", f"{c['rows_per_group']:,.0f}")
-    table.add_row("one append per effect", f"{c['single_rows_per_s']:,.0f}", f"{c['rows_per_single_append']:,.0f}")
-    table.add_row("ratio", f"{c['speedup']:.1f}x", "")
+    for label, way, rows in (
+        ("grouped appends", "grouped", "rows_per_group"),
+        ("one append per effect", "single", "rows_per_single_append"),
+    ):
+        table.add_row(label, f"{c[f'{way}_rows_per_s']:,.0f}", f"{c[rows]:,.0f}", f"{c[f'{way}_append_ms']:.1f}")
+    table.add_row("ratio", f"{c['speedup']:.1f}x", "", "")
     console.print(table)
     f = figures.get("freshness")
     if f:

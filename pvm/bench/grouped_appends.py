@@ -71,4 +71,6 @@ def bench_commit(
         "speedup": grouped / single,
         "rows_per_group": float(effects_per_group * rows_per_effect),
         "rows_per_single_append": float(rows_per_effect),
+        "grouped_append_ms": 1000 * effects_per_group * rows_per_effect / grouped,
+        "single_append_ms": 1000 * rows_per_effect / single,
     }
