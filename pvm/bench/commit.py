@@ -2,9 +2,9 @@
 
 Two measurements in one run, on one Spark session:
 
-1. **Grouped commits.** Effect rows per second committed to Spark when the commit manager
-   appends many ready effects at once, against one Spark append per effect, side by side on
-   the same store (``pvm.bench.grouped_appends.bench_commit``).
+1. **Grouped commits.** Effect rows per second committed to the Spark store when the commit
+   manager appends many ready effects at once, against one append per effect, side by side
+   on the same store (``pvm.bench.grouped_appends.bench_commit``).
 2. **Freshness.** A whole deployment (three SQLite sources with trigger capture and their
    wrapper processes, the manager, the Spark store with background compaction) maintains a
    three-way join view while a writer process commits source transactions at a steady
@@ -54,7 +54,9 @@ VIEW_SQL = (
     "FROM crm.customers c, shop.orders o, inventory.products p "  # a chain: every SWEEP step joins
     "WHERE o.customer_id = c.id AND o.product_id = p.id"
 )
-GOALS = {"grouped_rows_per_s": 50_000, "speedup": 20.0, "freshness_p99_s": 2.0}
+# No goal for the ratio of grouped to single appends any more: it was 20x while an append was a
+# Spark job (0.2-1 s whatever its size); an append is now a file the store writes (a few ms).
+GOALS = {"grouped_rows_per_s": 50_000, "freshness_p99_s": 2.0}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -463,11 +465,14 @@ def report(figures: dict) -> None:
     console = Console()
     c = figures["commit"]
     table = Table(title="Spark store commits (side by side, one run)")
-    for col in ("", "effect rows/s", "rows per append"):
+    for col in ("", "effect rows/s", "rows per append", "ms per append"):
         table.add_column(col)
-    table.add_row("grouped appends", f"{c['grouped_rows_per_s']:,.0f}", f"{c['rows_per_group']:,.0f}")
-    table.add_row("one append per effect", f"{c['single_rows_per_s']:,.0f}", f"{c['rows_per_single_append']:,.0f}")
-    table.add_row("ratio", f"{c['speedup']:.1f}x", "")
+    for label, way, rows in (
+        ("grouped appends", "grouped", "rows_per_group"),
+        ("one append per effect", "single", "rows_per_single_append"),
+    ):
+        table.add_row(label, f"{c[f'{way}_rows_per_s']:,.0f}", f"{c[rows]:,.0f}", f"{c[f'{way}_append_ms']:.1f}")
+    table.add_row("ratio", f"{c['speedup']:.1f}x", "", "")
     console.print(table)
     f = figures.get("freshness")
     if f:
@@ -491,14 +496,13 @@ def report(figures: dict) -> None:
         )
         t.add_row("units / commit groups", f"{f['view']['units_committed']} / {f['view']['commit_groups']}")
         t.add_row(
-            "Spark append / publish (mean)",
+            "store append / publish (mean)",
             f"{f['store_append_s_mean']:.3f} s for {f['store_append_rows_mean']:g} rows / {f['publish_s_mean']:.3f} s",
         )
         console.print(t)
     g = figures["goals"]
     verdicts = [
         ("grouped >= 50,000 rows/s", c["grouped_rows_per_s"] >= g["grouped_rows_per_s"]),
-        ("grouped >= 20x one append per effect", c["speedup"] >= g["speedup"]),
     ]
     if f:
         verdicts.append(("freshness p99 <= 2 s", f["p99_s"] <= g["freshness_p99_s"]))

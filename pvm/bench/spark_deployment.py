@@ -5,6 +5,7 @@ subscribed to the store for the length of a run."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -126,12 +127,16 @@ def measured(args: Any, prefix: str, measure: Callable[[Any, Path], dict]) -> di
 
 
 def start_spark_store(data_dir: Path, console: Any) -> Any:
-    """The Spark view store of a benchmark's deployment in ``data_dir``, as ``pvm serve`` opens it."""
+    """The Spark view store of a benchmark's deployment in ``data_dir``, as ``pvm serve`` opens it:
+    with its default retention of compacted-away versions, so that a compaction during the run
+    does not delete files under the readers' queries."""
     from pvm.local_deployment import catalog_url
-    from pvm.serve import open_store
+    from pvm.serve import open_store, retention_s
 
     with console.status("starting Spark"):
-        return open_store("spark", data_dir, None, catalog_url(data_dir))
+        return open_store(
+            "spark", data_dir, None, catalog_url(data_dir), retire_after_s=retention_s(argparse.Namespace())
+        )
 
 
 def write_figures(path: Path | None, figures: dict, plot: Callable[[dict, Path], None] | None = None) -> None:

@@ -21,4 +21,6 @@ def test_bench_commit_reports_both_ways(spark_store: SparkStore) -> None:
     )
     assert figures["grouped_rows_per_s"] > 0 and figures["single_rows_per_s"] > 0
     assert figures["speedup"] == figures["grouped_rows_per_s"] / figures["single_rows_per_s"]
+    assert figures["single_append_ms"] == 1000 * 4 / figures["single_rows_per_s"]
+    assert figures["grouped_append_ms"] == 1000 * 20 / figures["grouped_rows_per_s"]
     assert spark_store.views() == []

@@ -2,7 +2,9 @@
 
 Spark 4 cannot update or delete rows of a plain parquet table, and signed counts do not need
 it: a commit appends the effect's rows with their weights and order number to the view's
-z-log, and the view's contents are ``SUM(_w)`` per row over the base plus the z-log. Reads
+z-log, as one Parquet file this process writes into the z-log's directory (no Spark job:
+every session lists a table's directory for every query), and the view's contents are
+``SUM(_w)`` per row over the base plus the z-log. Reads
 ``as_of=W`` filter the z-log by order; compaction folds the old part of the z-log into a new
 base version at a new location (Spark cannot overwrite a table it is reading) and swaps.
 
@@ -12,9 +14,10 @@ Per view, under ``<data_dir>/views/<view>/``:
 * ``base/v<N>/``: table ``pvm_base_<view>`` (view columns, ``_w`` BIGINT).
 
 The two tables keep their names for good; compaction moves them to new locations, one
-``ALTER TABLE`` each, for raw reads in this session. Commits append to a second pair of
-tables per version, ``pvm_store.base_<N>_<view>`` and ``pvm_store.zlog_<N>_<view>``, which
-never move.
+``ALTER TABLE`` each, for raw reads in this session. Reads, and the initial load's append,
+go to a second pair of tables per version, ``pvm_store.base_<N>_<view>`` and
+``pvm_store.zlog_<N>_<view>``, which never move; commits write into the current z-log
+version's directory.
 
 Which versions are current, the published watermark and the compacted orders live in a
 ``StoreCatalog`` record, written only at the few points that change them, so that a restart
@@ -54,10 +57,11 @@ from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, 
 from warehouse.store.compaction import ZlogStats
 from warehouse.store.file_access import store_files
 from warehouse.store.spark_compaction import write_compacted
-from warehouse.store.spark_files import Footer, link, part_files, read_footer, remove
+from warehouse.store.spark_files import Footer, append_file, link, part_files, read_footer, remove, remove_unfinished
 from warehouse.store.spark_names import ORDER, check_columns, check_view_name, version_table
 from warehouse.store.spark_records import JsonStoreCatalog, StoreCatalog, ViewMeta, in_ranges, merge_ranges
 from warehouse.store.spark_rows import RowCodec, parse_type, shown_codec
+from warehouse.store.spark_session import LISTING_CACHE
 from warehouse.store.spark_sql import shown_sql, sums_sql
 
 
@@ -107,6 +111,9 @@ class SparkStore:
     ) -> None:
         """``retire_after_s``: how long a compacted-away table version stays on disk for SQL
         readers that planned their query before the swap (0: deleted at once)."""
+        if spark.conf.get(LISTING_CACHE) != "0":
+            # commits write their files past Spark: a cached listing would not show them
+            raise StoreError(f"the Spark store needs {LISTING_CACHE}=0 (the session caches table listings)")
         self._spark = spark
         self._retire_after_s = retire_after_s
         self._retired: list[tuple[float, tuple[tuple[str, ...], tuple[str, ...]]]] = []
@@ -205,8 +212,8 @@ class SparkStore:
     def _remove_orphans(self) -> None:
         """Delete directories and version tables no record points to: leftovers of a crash
         during create, drop or compaction, which made them before (or removed them after)
-        the record changed. (An in-memory Spark catalog starts empty; a persistent one keeps
-        tables across restarts.)"""
+        the record changed; and the hidden file of a commit that a crash cut short. (An
+        in-memory Spark catalog starts empty; a persistent one keeps tables across restarts.)"""
         with self._lock:
             live = {view: state.meta for view, state in self._views.items()}
         # Other stores may share the session: only this store's views' tables are looked at.
@@ -231,6 +238,7 @@ class SparkStore:
             for version_dir in (*view_dir.glob("base/*"), *view_dir.glob("zlog/*")):
                 if version_dir not in keep:
                     shutil.rmtree(version_dir, ignore_errors=True)
+            remove_unfinished(meta.zlog_location)  # a commit's file the crash cut short
 
     def _relocate(self, table: str, location: str) -> None:
         self._spark.sql(f"ALTER TABLE {table} SET LOCATION {_sql_string(location)}")
@@ -365,7 +373,8 @@ class SparkStore:
             shutil.rmtree(self._staging / view, ignore_errors=True)
 
     def commit(self, view: str, effects: Sequence[Effect]) -> None:
-        """One Spark append for the whole group: a Spark job costs far more than its rows."""
+        """The whole group as one Parquet file written into the current z-log version by this
+        process (``append_file``), no Spark job: the next query of any session lists it."""
         with self._hold(view) as state:
             fresh: dict[int, Effect] = {}
             for effect in effects:
@@ -373,9 +382,10 @@ class SparkStore:
                     fresh[effect.order] = effect
             if fresh:
                 table = state.codec.effects_table(list(fresh.values()))
-                frame = self._spark.createDataFrame(table, schema=state.codec.zlog_schema)
-                # the version table: the stable one moves only after a compaction's swap
-                frame.coalesce(1).write.insertInto(self._version_tables(view, state.meta)[1])
+                # Read and written under the view lock, which a compaction's swap holds while it
+                # moves the record to the next version: the file lands in a version that is
+                # current until it is there, and a swap after it carries it over.
+                append_file(table, state.meta.zlog_location)
                 state.zlog_orders.update(fresh)
 
     def staging_dir(self, view: str) -> Path:

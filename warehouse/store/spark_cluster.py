@@ -3,10 +3,11 @@
 On a standalone cluster the SparkContext starts without a single executor: the master
 hands the application executors only when some worker has the cores and memory it asks
 for. Until then every job waits, with no error and no end ("Initial job has not accepted
-any resources"). And the executors write the store's files where the driver names them
-(``file:`` paths): a worker on another machine without the store's directory at the same
-path (a shared file system) fails every commit. Both are found here, at start, with a
-message that says what is wrong.
+any resources"). And the executors read the store's files, and write its compactions' and
+initial loads', where the driver names them (``file:`` paths; the manager writes commits'
+files there itself): a worker on another machine without the store's directory at the
+same path (a shared file system) fails every query and compaction. Both are found here, at
+start, with a message that says what is wrong.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def store_problem(spark: SparkSession, path: Path) -> str | None:
     """Why the executors cannot write the store's directory ``path``, or None when they can.
 
     A job of one task per executor (per core on ``local[…]``) writes a file each into
-    ``path/.executor-probe`` through Spark's own file output, the way the store's commits
-    write; the driver then counts them. An executor without the directory (a worker on a
+    ``path/.executor-probe`` through Spark's own file output, the way compactions and initial
+    loads write; the driver then counts them. An executor without the directory (a worker on a
     machine that lacks the shared file system) fails its task, or writes where the driver
     does not see it. The probe's files are removed afterwards."""
     sc = spark.sparkContext

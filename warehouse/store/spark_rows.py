@@ -1,7 +1,10 @@
 """Rows of Python values to the Arrow tables the Spark store writes, and back.
 
 Typed view columns are stored in their Spark type; untyped ones as JSON text, so that reads
-return exactly what was committed.
+return exactly what was committed. The Arrow types are Spark's own for each column
+(``to_arrow_type``), and a commit's Arrow table becomes the Parquet file Spark reads
+(``spark_files.append_file``): only types whose Parquet form Spark reads back as the very
+values written are accepted (``STORED_TYPES``).
 """
 
 from __future__ import annotations
@@ -15,14 +18,23 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     AtomicType,
+    BinaryType,
     BooleanType,
+    ByteType,
     DataType,
+    DateType,
+    DayTimeIntervalType,
+    DecimalType,
     DoubleType,
     FloatType,
+    IntegerType,
     LongType,
+    ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
 from contract.schemas import NAN, loads_wire_json
@@ -30,7 +42,28 @@ from contract.zset import Row
 from warehouse.store.base import Effect, StoreError, Summed
 from warehouse.store.spark_names import ORDER, WEIGHT
 
-__all__ = ["RowCodec", "parse_type", "shown_codec", "table_schemas"]
+__all__ = ["STORED_TYPES", "RowCodec", "parse_type", "shown_codec", "table_schemas"]
+
+STORED_TYPES: tuple[type[AtomicType], ...] = (
+    BooleanType,
+    ByteType,
+    ShortType,
+    IntegerType,
+    LongType,
+    FloatType,
+    DoubleType,
+    DecimalType,
+    StringType,
+    BinaryType,
+    DateType,
+    TimestampType,
+    TimestampNTZType,
+    DayTimeIntervalType,
+)
+"""The Spark types a view column may have: the store writes their values into Parquet itself
+and Spark reads them back unchanged (``tests/spark/test_direct_append.py`` checks each).
+Not among them: CHAR/VARCHAR and year-month intervals (no Arrow type), TIME (no Spark
+table can hold it), VARIANT and the geospatial types (no Python value to commit)."""
 
 
 class _Shaped(Protocol):
@@ -154,6 +187,11 @@ def parse_type(type_name: str) -> DataType:
         raise StoreError(f"unknown Spark SQL type {type_name!r}") from e
     if not isinstance(parsed, AtomicType):
         raise StoreError(f"column type {type_name!r} is not a scalar type")
+    if not isinstance(parsed, STORED_TYPES):
+        raise StoreError(
+            f"column type {type_name!r} is not one the store holds: booleans, integers, floating-point "
+            "and decimal numbers, strings, binary, dates, timestamps and day-time intervals"
+        )
     return parsed
 
 

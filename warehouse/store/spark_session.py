@@ -41,9 +41,11 @@ process behind Spark Connect) ran out of it ("Out of space in CodeCache for adap
 # session that appends to or moves a table refreshes its own cache: a Spark Connect client's
 # session would go on reading the files (and locations) of its first query. Without the cache
 # every query lists the table's directory afresh, which costs little for the store's few
-# files per version.
+# files per version. The store relies on it in every session, the writing one too: commits
+# write their files past Spark (``SparkStore.commit``), so no session refreshes a listing.
+LISTING_CACHE = "spark.sql.filesourceTableRelationCacheSize"
 _DEFAULTS: dict[str, str] = {
-    "spark.sql.filesourceTableRelationCacheSize": "0",
+    LISTING_CACHE: "0",
     "spark.driver.extraJavaOptions": C1_ONLY,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
