@@ -35,6 +35,7 @@ from typing import Any
 from pvm.bench.spark_deployment import measured, quantile, start_spark_store, write_figures
 from pvm.bench.tpcc import TABLES, VIEWS, Size
 from pvm.cli import CliError
+from pvm.heap import freeze_long_lived
 
 LAG_GROWTH_BOUND = 0.1
 SETTLE_S = 60.0  # the memory goal: RSS growth counted after the first minute
@@ -191,6 +192,7 @@ class Workload:
                     await manager.wait_idle(name, timeout=900)
                 loaded = time.monotonic() - loaded
             self._check_failed(manager)
+            freeze_long_lived()  # as `pvm serve` does once started, when the views it recovers are loaded
             self.after = {s: manager.receiver.released_through(s) for s in TABLES}
             writers = Writers(self.urls, self.size, self.args.writers, self.args.seed)
             try:
