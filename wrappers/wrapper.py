@@ -20,7 +20,7 @@ delete committed still shows those rows, and must still find their ids remembere
 Log capture (``capture.log``) reads transactions from the database's log instead of an
 outbox; its reads run in the same snapshots and also under the capture lock, a subquery's
 read checks that its snapshot sees exactly a prefix of the log (``capture.log``), and the
-log is confirmed to the server, under the capture lock, only through acknowledged updates.
+log is confirmed to the server only through acknowledged updates.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
@@ -215,9 +215,8 @@ class Wrapper:
         if self._log is None and not self._ordered:  # the capture lock only: subqueries ship meanwhile
             async with self._capture_lock:
                 await asyncio.to_thread(self._delete_acknowledged_ids)
-        if self._log is not None:  # a subquery's handshake need not wait for it (it needs the capture lock only)
-            async with self._capture_lock:  # one reader of the slot at a time
-                await asyncio.to_thread(self._confirm_acknowledged)
+        if self._log is not None:  # no lock: the stream's reader only notes the position to report
+            await asyncio.to_thread(self._confirm_acknowledged)
         elif self._ordered:
             await asyncio.to_thread(self._delete_acknowledged)
 
@@ -347,7 +346,9 @@ class Wrapper:
             log.debug("captured updates %d-%d of %s from the log", seqs[0], seqs[-1], self.config.source)
 
     def _confirm_acknowledged(self) -> None:
-        """Log capture, invariant 1: the server may release the log only up to acknowledged updates."""
+        """Log capture, invariant 1: the server may release the log only up to acknowledged
+        updates. Only the ship loop calls it; it takes no lock (the log's stream reports the
+        position on its own connection), so a subquery's read never waits for it."""
         assert self._log is not None
         through = self.state.deletable_through()
         if through > self._deleted_through:
