@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import uuid
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from pvm.bench import capture
+from pvm.bench import capture, capture_write
 from pvm.bench.capture import MARIADB_URL, PG_URL
+from pvm.cli import CliError
 from pvm.cli import main as pvm_main
 
 WRITE_COST_KEYS = {"seconds", "transactions_per_second", "ratio_to_none", "spread"}
 WAL_KEYS = {"wal_bytes", "wal_bytes_per_transaction"}  # PostgreSQL only
+BINLOG_KEYS = {"binary_log", "binlog_bytes", "binlog_bytes_per_transaction", "handler_prepares"}  # MariaDB only
 RUN_KEYS = {
     "capture",
     "source_transactions_committed",
@@ -75,7 +78,7 @@ def leftovers(names: list[str]) -> list[str]:
 
 
 def check_write_cost(cost: dict, methods: list[str], rounds: int, *, wal: bool) -> None:
-    assert set(cost) == WRITE_COST_KEYS | (WAL_KEYS if wal else set())
+    assert set(cost) == WRITE_COST_KEYS | (WAL_KEYS if wal else BINLOG_KEYS)
     assert set(cost["seconds"]) == set(cost["transactions_per_second"]) == {"none", *methods}
     assert set(cost["ratio_to_none"]) == set(methods)
     spread = cost["spread"]
@@ -97,6 +100,16 @@ def check_write_cost(cost: dict, methods: list[str], rounds: int, *, wal: bool) 
         for mode, written in cost["wal_bytes"].items():
             assert len(written) == rounds and all(w > 0 for w in written), mode
             assert math.isclose(cost["wal_bytes_per_transaction"][mode], statistics.median(written) / 12), mode
+    else:  # MariaDB: only the writers of log capture write the binary log, every run of them
+        assert cost["binary_log"] == {mode: mode == "log" for mode in ("none", *methods)}
+        for mode, written in cost["binlog_bytes"].items():
+            prepares = cost["handler_prepares"][mode]
+            assert len(written) == len(prepares) == rounds, mode
+            if mode == "log":
+                assert all(w > 0 for w in written) and all(p > 0 for p in prepares), (written, prepares)
+            else:  # sql_log_bin = 0: nothing in the binary log, and every commit in one phase
+                assert written == [0] * rounds and prepares == [0] * rounds, (mode, written, prepares)
+            assert math.isclose(cost["binlog_bytes_per_transaction"][mode], statistics.median(written) / 12), mode
 
 
 @pytest.mark.servers
@@ -112,6 +125,9 @@ def test_bench_capture_measures_both_methods_side_by_side(
     printed = capsys.readouterr().out
     assert "trigger/none" in printed and "log/none" in printed and "freshness log/trigger" in printed
     assert "in a round" in printed and "WAL bytes per transaction" in printed
+    assert (
+        "writers without the binary log (sql_log_bin = 0): none, trigger; binary log bytes per transaction" in printed
+    )
     assert "restarted while the writers ran: wrappers pg, my (SIGKILL), then the manager (1)" in printed
     assert f"wrote {out} and {out.with_suffix('.png')}" in printed
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
@@ -164,6 +180,25 @@ def test_bench_capture_restricted_to_one_method(
     for name, cost in results["write_cost"].items():
         check_write_cost(cost, ["log"], rounds=1, wal=name == "postgresql")
     assert len(scratch_names) == 1 and leftovers(scratch_names) == []
+
+
+@pytest.mark.servers
+def test_a_mariadb_user_that_must_write_the_binary_log_is_told_what_to_grant() -> None:
+    """The writers of "none" and "trigger" turn the binary log off for their sessions, which
+    needs BINLOG ADMIN (SUPER before MariaDB 10.5.2): without it the benchmark stops at once."""
+    user = f"pvm_t_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(MARIADB_URL)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'127.0.0.1'")
+        conn.exec_driver_sql(f"GRANT SELECT ON test.* TO '{user}'@'127.0.0.1'")
+    try:
+        with pytest.raises(CliError, match=r"cannot write without the binary log .*needs the BINLOG ADMIN privilege"):
+            capture_write.check_binlog_control(f"mysql+pymysql://{user}@127.0.0.1:3306/test")
+        capture_write.check_binlog_control(MARIADB_URL)  # the development server's root may
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP USER '{user}'@'127.0.0.1'")
+        admin.dispose()
 
 
 def test_bench_capture_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from pvm.cli import main as pvm_main
 from tests.capture_support import PG_ADMIN, fetch, pg_log_slot, pg_schema_url, run_sql
 from tests.fake_manager import FakeManager
 from wrappers.capture import CaptureConfig, install_log, pg_log, postgresql, uninstall_log
-from wrappers.capture.log import IDLE_POLL_MAX_SECONDS, LogRead, SnapshotRace
+from wrappers.capture.log import IDLE_POLL_MAX_SECONDS, LogRead, PollPacing, SnapshotRace
 from wrappers.capture.pg_log import PgLog, PgSnapshot, check_server
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema
@@ -38,12 +39,18 @@ def reader(url: str, tables: list[str]) -> Iterator[tuple[sa.Engine, PgLog]]:
     engine = postgresql.open_engine(url)
     try:
         slot = install_log(LOG, engine, tables)
-        yield engine, PgLog(engine, SourceSchema.reflect(engine, tables), slot)
+        log = PgLog(engine, SourceSchema.reflect(engine, tables), slot)
+        try:
+            yield engine, log
+        finally:
+            log.close()
     finally:
         engine.dispose()
 
 
-def read(engine: sa.Engine, log: PgLog, after: int, *, exact: bool = False) -> LogRead:
+def read(engine: sa.Engine, log: PgLog, after: int, *, exact: bool = True) -> LogRead:
+    """A read as a subquery's (``exact``: everything committed before it) or a poll's (what
+    the stream has delivered so far)."""
     conn = postgresql.begin_snapshot(engine)
     try:
         return log.read(conn, after, exact=exact)
@@ -57,6 +64,17 @@ def slot_row(url: str) -> tuple[Any, ...] | None:
         f"SELECT (confirmed_flush_lsn - '0/0')::bigint, active FROM pg_replication_slots WHERE slot_name = '{pg_log_slot(url)}'",
     )
     return rows[0] if rows else None
+
+
+def confirmed_slot(url: str, position: int) -> tuple[Any, ...]:
+    """The slot's row once its confirmed position is ``position`` (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        row = slot_row(url)
+        if row is not None and row[0] == position:
+            return row
+        assert time.monotonic() < deadline, f"the slot stayed at {row}"
+        time.sleep(0.02)
 
 
 def published(url: str) -> set[str]:
@@ -145,12 +163,12 @@ def test_a_read_yields_committed_transactions_in_commit_order(pg_log_url: str) -
         assert read(engine, log, transactions[0].end).transactions == transactions[1:]
         assert read(engine, log, first.through).transactions == []
         confirmed_before = slot_row(url)
-        log.confirm(transactions[1].end)
-        after_confirm = slot_row(url)
-        assert confirmed_before is not None and after_confirm is not None
-        assert after_confirm[0] == transactions[1].end > confirmed_before[0]
+        assert confirmed_before is not None and confirmed_before[0] < transactions[0].end
+        log.confirm(transactions[1].end)  # a status update on the stream's connection
+        after_confirm = confirmed_slot(url, transactions[1].end)
         assert read(engine, log, transactions[1].end).transactions == transactions[2:]
         log.confirm(transactions[0].end)  # never backwards
+        time.sleep(0.2)
         assert slot_row(url) == after_confirm
         assert log.status()["retained_wal_bytes"] >= 0 and log.status()["slot"] == pg_log_slot(url)
 
@@ -172,8 +190,9 @@ def test_a_snapshot_that_no_prefix_of_the_log_matches_is_refused(
         monkeypatch.setattr(PgSnapshot, "sees", lambda self, xid: xid != hidden and real(self, xid))
         with pytest.raises(SnapshotRace, match=f"sees transaction {both[1].xid} but not {hidden}"):
             read(engine, log, 0, exact=True)
-        polled = read(engine, log, 0)
+        polled = read(engine, log, 0, exact=False)
         assert polled.transactions == [] and polled.through == 0  # a poll stops before the hidden one
+        assert polled.more  # and says it left transactions behind: the next poll comes soon
         monkeypatch.setattr(PgSnapshot, "sees", lambda self, xid: xid != int(both[1].xid) and real(self, xid))
         exact = read(engine, log, 0, exact=True)  # a visible prefix is fine
         assert exact.transactions == both[:1] and exact.through == both[0].end
@@ -221,6 +240,27 @@ def test_an_exact_read_has_the_wal_flushed_instead_of_waiting(
         running.rollback()
 
 
+def test_a_stream_whose_connection_is_lost_is_started_again(pg_log_url: str) -> None:
+    """The server ends the replication connection (here: terminated): the read after it
+    starts a new stream from the slot's confirmed position, and nothing is lost or
+    delivered twice."""
+    url = pg_log_url
+    run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY)")
+    with reader(url, ["r"]) as (engine, log):
+        run_sql(url, "INSERT INTO r VALUES (1)")
+        first = read(engine, log, 0)
+        [(pid, active)] = fetch(
+            url, f"SELECT active_pid, active FROM pg_replication_slots WHERE slot_name = '{pg_log_slot(url)}'"
+        )
+        assert active  # the stream holds the slot
+        fetch(url, f"SELECT pg_terminate_backend({pid})")
+        run_sql(url, "INSERT INTO r VALUES (2)")
+        second = read(engine, log, first.through)
+        assert [t.rows[0].new for t in first.transactions + second.transactions] == [{"id": 1}, {"id": 2}]
+        [(again,)] = fetch(url, f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{pg_log_slot(url)}'")
+        assert again not in (None, pid)
+
+
 def test_truncate_and_column_changes_stop_capture_with_a_clear_error(pg_log_url: str) -> None:
     url = pg_log_url
     run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY, v TEXT)", "INSERT INTO r VALUES (1, 'a')")
@@ -266,10 +306,12 @@ class _Settings:
 
 def test_server_settings_are_checked_by_name() -> None:
     with pytest.raises(WrapperError, match=r"needs wal_level = logical, the server has replica \(ALTER SYSTEM SET"):
-        check_server(_Settings("replica", "10", True, "pvm"))  # type: ignore[arg-type]
+        check_server(_Settings("replica", "10", "10", True, "pvm"))  # type: ignore[arg-type]
     with pytest.raises(WrapperError, match="max_replication_slots of at least 1"):
-        check_server(_Settings("logical", "0", True, "pvm"))  # type: ignore[arg-type]
-    check_server(_Settings("logical", "10", True, "pvm"))  # type: ignore[arg-type]
+        check_server(_Settings("logical", "0", "10", True, "pvm"))  # type: ignore[arg-type]
+    with pytest.raises(WrapperError, match="max_wal_senders of at least 1"):
+        check_server(_Settings("logical", "10", "0", True, "pvm"))  # type: ignore[arg-type]
+    check_server(_Settings("logical", "10", "10", True, "pvm"))  # type: ignore[arg-type]
 
 
 def test_a_role_without_replication_is_told_what_to_grant(pg_log_url: str) -> None:
@@ -377,3 +419,50 @@ def test_polls_of_a_quiet_log_are_spaced_out_and_a_change_still_ships(pg_log_url
         assert [c.row for u in manager.updates("pg") for c in u.changes] == [{"id": 1}]
     assert quiet_reads <= 20, quiet_reads  # 4 at the poll interval, then 0.02, 0.04, ... 0.4 s apart
     assert shipped_after < IDLE_POLL_MAX_SECONDS + 1.0, shipped_after
+
+
+@pytest.mark.parametrize("server", ["postgresql", "mariadb"])
+def test_a_transaction_arriving_from_the_log_is_captured_without_a_poll(
+    server: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's stream wakes the ship loop: with no poll ever due after the first two (the
+    first read of a fresh MariaDB state only notes where the log starts), a committed change
+    still ships, captured by the read its arrival started."""
+    url = request.getfixturevalue("pg_log_url" if server == "postgresql" else "maria_url")
+    run_sql(url, "CREATE TABLE r (id INT PRIMARY KEY)")
+    reads: list[float] = []
+    two_polls = threading.Event()
+    monkeypatch.setattr(PollPacing, "due", lambda self, now: len(reads) < 2)
+
+    async def scenario(manager: FakeManager) -> tuple[int, int]:
+        config = WrapperConfig(
+            "src", url, ("r",), manager.url, state_dir=tmp_path / "state", poll_interval=0.01, capture=LOG
+        )
+        wrapper = Wrapper(config)
+        capture_now = wrapper._capture_now
+
+        def counted() -> None:
+            reads.append(time.monotonic())
+            capture_now()
+            if len(reads) == 2:
+                two_polls.set()
+
+        wrapper._capture_now = counted  # type: ignore[method-assign]
+        await wrapper.start()
+        try:
+            assert await asyncio.to_thread(two_polls.wait, 10)
+            await asyncio.sleep(0.3)
+            before = len(reads)
+            await asyncio.to_thread(run_sql, url, "INSERT INTO r VALUES (1)")
+            committed = time.monotonic()
+            while manager.through("src") < 1:
+                assert time.monotonic() - committed < 10, "the change was never shipped"
+                await asyncio.sleep(0.005)
+            return before, len(reads)
+        finally:
+            await wrapper.stop()
+
+    with FakeManager() as manager:
+        before, after = asyncio.run(scenario(manager))
+        assert [c.row for u in manager.updates("src") for c in u.changes] == [{"id": 1}]
+    assert before == 2 and after > before  # no read while nothing arrived; the arrival started one

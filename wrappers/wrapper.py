@@ -20,13 +20,14 @@ delete committed still shows those rows, and must still find their ids remembere
 Log capture (``capture.log``) reads transactions from the database's log instead of an
 outbox; its reads run in the same snapshots and also under the capture lock, a subquery's
 read checks that its snapshot sees exactly a prefix of the log (``capture.log``), and the
-log is confirmed to the server, under the capture lock, only through acknowledged updates.
+log is confirmed to the server only through acknowledged updates.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
-Two loops run. The ship loop captures (log capture: less often while the log holds
-nothing new for the captured tables, ``capture.log.PollPacing``), ships everything pending
-(retrying for as long as the manager is down, holding the ship lock) and deletes
+Two loops run. The ship loop captures (log capture: as soon as a transaction arrives from
+the log, ``capture.log_stream``, and otherwise less often while the log holds nothing new
+for the captured tables, ``capture.log.PollPacing``), ships everything pending, one batch
+at a time under the ship lock (retrying for as long as the manager is down) and deletes
 acknowledged changes (after releasing the ship lock, so that subqueries ship meanwhile). The pull
 loop polls a timestamp or snapshot source into the replica (``capture.pull``) and, when
 the pull applied anything, captures the replica's new changes under the capture lock alone, so pulling and seq
@@ -150,6 +151,8 @@ class Wrapper:
         self._deleted_through = 0
         self._position_recorded_at = 0.0  # log capture: when a read last recorded a bare log position
         self._log_pacing = PollPacing(config.poll_interval)  # log capture: when the next poll reads the log
+        self._log_arrived = asyncio.Event()  # log capture: wakes the ship loop when a transaction arrives
+        self._poll_now = False  # log capture: a transaction arrived since the last poll began
         self._client: httpx.AsyncClient | None = None
         self._shipper: Shipper | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -167,8 +170,16 @@ class Wrapper:
             self.config.token,
             encoding=self.config.update_encoding,
         )
+        if self._log is not None:  # the stream's thread wakes the ship loop
+            loop = asyncio.get_running_loop()
+
+            def wake() -> None:
+                loop.call_soon_threadsafe(self._arrived)
+
+            self._log.on_transaction(wake)
         self._poller = asyncio.create_task(
-            self._forever(self.ship_once, "capturing and shipping"), name=f"pvm-wrapper-{self.config.source}"
+            self._forever(self.ship_once, "capturing and shipping", self._idle),
+            name=f"pvm-wrapper-{self.config.source}",
         )
         if self.capture.pull is not None:
             self._puller = asyncio.create_task(
@@ -195,17 +206,17 @@ class Wrapper:
         subqueries ship meanwhile), ship everything pending, then delete acknowledged changes
         from the outbox (log capture: confirm them to the server, after the ship lock is
         released). While the manager is down this waits (holding the ship lock) until it
-        takes the updates. Log capture skips the read while ``PollPacing`` says it is not due."""
-        if self._log is None or self._log_pacing.due(time.monotonic()):
+        takes the updates. Log capture reads when a transaction arrived from the log since
+        the last read began, and otherwise only when ``PollPacing`` says a poll is due."""
+        arrived, self._poll_now = self._poll_now, False
+        if self._log is None or arrived or self._log_pacing.due(time.monotonic()):
             await self._capture_locked()
-        async with self._lock:
-            await self._ship_pending()
+        await self._ship_pending()
         if self._log is None and not self._ordered:  # the capture lock only: subqueries ship meanwhile
             async with self._capture_lock:
                 await asyncio.to_thread(self._delete_acknowledged_ids)
-        if self._log is not None:  # a subquery's handshake need not wait for it (it needs the capture lock only)
-            async with self._capture_lock:  # one reader of the slot at a time
-                await asyncio.to_thread(self._confirm_acknowledged)
+        if self._log is not None:  # no lock: the stream's reader only notes the position to report
+            await asyncio.to_thread(self._confirm_acknowledged)
         elif self._ordered:
             await asyncio.to_thread(self._delete_acknowledged)
 
@@ -231,7 +242,34 @@ class Wrapper:
         async with self._capture_lock:
             await asyncio.to_thread(self._capture_now)
 
-    async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
+    def _arrived(self) -> None:
+        """Log capture: a transaction arrived from the log; the ship loop reads at once, or
+        as soon as its step is done (it may be waiting for the manager's acknowledgment)."""
+        self._poll_now = True
+        self._log_arrived.set()
+
+    async def _idle(self) -> None:
+        """Between two steps of the ship loop: the poll interval, or with log capture until a
+        transaction arrives from the log or the next poll is due (``PollPacing``), at most
+        the poll interval (shipping and confirming go on)."""
+        if self._log is None:
+            await asyncio.sleep(self.config.poll_interval)
+            return
+        if self._poll_now:
+            return
+        self._log_arrived.clear()
+        wait = self._log_pacing.wait(time.monotonic(), self.config.poll_interval)
+        if wait > 0:
+            try:
+                await asyncio.wait_for(self._log_arrived.wait(), wait)
+            except TimeoutError:
+                pass
+
+    async def _forever(
+        self, step: Callable[[], Awaitable[None]], what: str, idle: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run ``step`` again and again: after ``idle()`` when it worked, after the poll
+        interval when it failed."""
         while True:
             try:
                 await step()
@@ -251,7 +289,9 @@ class Wrapper:
                     failure = self._failing[what] = LoopFailure(time.time())
                 failure.attempts += 1
                 failure.error = f"{type(exc).__name__}: {reason(exc)}"[:1000]  # no SQL, no parameters
-            await asyncio.sleep(self.config.poll_interval)
+                await asyncio.sleep(self.config.poll_interval)
+                continue
+            await (idle() if idle is not None else asyncio.sleep(self.config.poll_interval))
 
     def _capture_now(self) -> None:
         conn = self._dialect.begin_snapshot(self.engine)
@@ -291,7 +331,7 @@ class Wrapper:
         ones merged, a transaction never split), recorded with the log position."""
         assert self._log is not None
         read = self._log.read(conn, self.state.captured_through, exact=exact)
-        self._log_pacing.read(time.monotonic(), found=bool(read.transactions), poll=not exact)
+        self._log_pacing.read(time.monotonic(), found=bool(read.transactions), poll=not exact, more=read.more)
         entries = [
             (self._filter.changes(rows, self._fit), end, txid) for rows, end, txid in _log_updates(read.transactions)
         ]
@@ -306,7 +346,9 @@ class Wrapper:
             log.debug("captured updates %d-%d of %s from the log", seqs[0], seqs[-1], self.config.source)
 
     def _confirm_acknowledged(self) -> None:
-        """Log capture, invariant 1: the server may release the log only up to acknowledged updates."""
+        """Log capture, invariant 1: the server may release the log only up to acknowledged
+        updates. Only the ship loop calls it; it takes no lock (the log's stream reports the
+        position on its own connection), so a subquery's read never waits for it."""
         assert self._log is not None
         through = self.state.deletable_through()
         if through > self._deleted_through:
@@ -314,9 +356,14 @@ class Wrapper:
             self._deleted_through = through
 
     async def _ship_pending(self) -> None:
-        """Send every pending update and wait until all are acknowledged (caller holds the ship lock)."""
-        while self.state.has_pending and await self._ship_batch():
-            pass
+        """Send every pending update and wait until all are acknowledged, taking the ship lock
+        for one batch at a time: a subquery waiting for it gets its turn between two batches
+        (and often finds its updates acknowledged by then), where it used to wait for every
+        batch captured meanwhile."""
+        while self.state.has_pending:
+            async with self._lock:
+                if not await self._ship_batch():
+                    return
 
     async def _ship_through(self, watermark: int) -> None:
         """Have every update through ``watermark`` acknowledged (a subquery's handshake). The
@@ -326,9 +373,10 @@ class Wrapper:
         polls, by other subqueries' snapshots) are not this subquery's to wait for."""
         if self.state.acked_through >= watermark:
             return
-        async with self._lock:
-            while self.state.acked_through < watermark and await self._ship_batch():
-                pass
+        while self.state.acked_through < watermark:
+            async with self._lock:
+                if self.state.acked_through >= watermark or not await self._ship_batch():
+                    break
 
     async def _ship_batch(self) -> bool:
         """Send the oldest pending updates (one message's worth) and wait until they are

@@ -12,9 +12,10 @@
    runs closest in time). On PostgreSQL each run also counts the WAL it wrote (the
    server's insert position before and after; anything else writing on the server counts
    too). Triggers work inside the writers' transactions; log capture makes PostgreSQL's
-   writers log whole old rows (REPLICA IDENTITY FULL) for a slot, and installs nothing in
-   MariaDB, whose binary log is on either way. No wrapper drains the outbox or reads the
-   log meanwhile, so the writers pay for capture alone.
+   writers log whole old rows (REPLICA IDENTITY FULL) for a slot; on MariaDB the writers of
+   "none" and "trigger" write without the binary log (``sql_log_bin = 0``), those of "log"
+   with it, so that log/none is the binary log's cost (``capture_write``). No wrapper
+   drains the outbox or reads the log meanwhile, so the writers pay for capture alone.
 2. **Freshness** (PostgreSQL + MariaDB + SQLite, one wrapper process each, the manager in
    this process), once with every source captured by triggers and once with PostgreSQL and
    MariaDB captured from their logs (SQLite has no log capture: triggers both times), at
@@ -41,7 +42,6 @@ import argparse
 import asyncio
 import itertools
 import random
-import statistics
 import tempfile
 import threading
 import time
@@ -49,15 +49,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
 from pvm.bench.spark_deployment import quantile, write_figures
 from pvm.cli import CliError
-
-if TYPE_CHECKING:
-    from wrappers.capture.base import CaptureDialect
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
@@ -107,7 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pvm.bench import capture_report
+    from pvm.bench import capture_report, capture_write
 
     if min(args.transactions, args.statements, args.connections, args.rows, args.rounds, args.view_transactions) < 1:
         raise CliError(
@@ -120,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
     methods = METHODS if args.method == "both" else (args.method,)
     results: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items() if not k.startswith("_")}}
     if not args.skip_write_cost:
+        capture_write.check_binlog_control(args.mariadb_url)
         with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
             results["write_cost"] = {
-                name: write_cost(url, methods, args) for name, url in (("postgresql", pg), ("mariadb", my))
+                name: capture_write.write_cost(url, methods, args)
+                for name, url in (("postgresql", pg), ("mariadb", my))
             }
         capture_report.print_write_cost(results["write_cost"])
     if not args.skip_freshness:
@@ -200,162 +199,6 @@ def release_log_capture(pg_url: str) -> None:
             raise CliError(f"{exc}; drop replication slot {slot} by hand, or it retains the server's WAL") from exc
     finally:
         engine.dispose()
-
-
-# -- 1. write cost -------------------------------------------------------------------------------
-def write_cost(url: str, methods: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Seconds of every run per method (and "none", in round order), the throughput of each
-    at its median, each method's median time over that of no capture, the spread of both
-    (``spread``), and on PostgreSQL the WAL bytes each run wrote (``wal_bytes``)."""
-    modes = ("none", *methods)
-    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
-    wal_bytes: dict[str, list[int]] = {mode: [] for mode in modes}
-    for round_ in range(args.rounds):
-        shift = round_ % len(modes)  # no method always runs first (a cold cache) or last
-        for mode in modes[shift:] + modes[:shift]:
-            reset_table(url, args.rows)
-            took, wrote = timed_run(url, mode, args)
-            seconds[mode].append(took)
-            if wrote is not None:
-                wal_bytes[mode].append(wrote)
-    median = {mode: statistics.median(s) for mode, s in seconds.items()}
-    cost: dict[str, Any] = {
-        "seconds": seconds,
-        "transactions_per_second": {mode: args.transactions / median[mode] for mode in modes},
-        "ratio_to_none": {method: median[method] / median["none"] for method in methods},
-        "spread": write_cost_spread(seconds, methods, args.transactions),
-    }
-    if all(wal_bytes.values()):
-        cost["wal_bytes"] = wal_bytes
-        cost["wal_bytes_per_transaction"] = {
-            mode: statistics.median(written) / args.transactions for mode, written in wal_bytes.items()
-        }
-    return cost
-
-
-def write_cost_spread(seconds: dict[str, list[float]], methods: Sequence[str], transactions: int) -> dict[str, Any]:
-    """Fastest, median and slowest throughput of every mode, and per method the fastest,
-    median and slowest of its time over that of no capture in the same round.
-
-    >>> spread = write_cost_spread({"none": [1.0, 1.2, 1.1], "log": [1.1, 1.2, 1.0]}, ["log"], 100)
-    >>> spread["transactions_per_second"]["none"]
-    {'min': 83.33333333333334, 'median': 90.9090909090909, 'max': 100.0}
-    >>> {k: round(v, 3) for k, v in spread["ratio_in_round"]["log"].items()}
-    {'min': 0.909, 'median': 1.0, 'max': 1.1}
-    """
-    return {
-        "transactions_per_second": {
-            mode: _min_median_max([transactions / x for x in s]) for mode, s in seconds.items()
-        },
-        "ratio_in_round": {
-            method: _min_median_max([m / n for m, n in zip(seconds[method], seconds["none"])]) for method in methods
-        },
-    }
-
-
-def _min_median_max(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
-def timed_run(url: str, mode: str, args: argparse.Namespace) -> tuple[float, int | None]:
-    """The workload's seconds with ``mode``'s capture installed for it alone, and on
-    PostgreSQL the bytes of WAL the server wrote meanwhile (None elsewhere)."""
-    from wrappers.capture import dialect_for
-
-    dialect = dialect_for(url)
-    engine = dialect.open_engine(url)
-    try:
-        with capture_installed(mode, dialect, engine, ["w"]):
-            start = wal_position(engine)
-            took = workload(engine, args)
-            end = wal_position(engine)
-            return took, None if start is None or end is None else end - start
-    finally:
-        engine.dispose()
-
-
-def wal_position(engine: sa.Engine) -> int | None:
-    """PostgreSQL's WAL insert position (None for other servers)."""
-    if engine.dialect.name != "postgresql":
-        return None
-    with engine.connect() as conn:
-        return int(conn.exec_driver_sql("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").scalar_one())
-
-
-@contextmanager
-def capture_installed(mode: str, dialect: CaptureDialect, engine: sa.Engine, tables: list[str]) -> Iterator[None]:
-    """``mode``'s capture ("none", "trigger" or "log") installed on ``tables``, and
-    uninstalled afterwards (a slot left behind would keep the server's WAL)."""
-    from wrappers.capture import CaptureConfig, install_log, uninstall_log
-    from wrappers.errors import WrapperError
-
-    try:
-        if mode == "trigger":
-            dialect.install(engine, tables)
-        elif mode == "log":
-            install_log(CaptureConfig("log"), engine, tables)
-    except WrapperError as exc:
-        raise CliError(f"cannot install {mode} capture: {exc}") from exc
-    try:
-        yield
-    finally:
-        if mode == "trigger":
-            dialect.uninstall(engine, tables)
-        elif mode == "log":
-            uninstall_log(CaptureConfig("log"), engine, tables)
-
-
-def reset_table(url: str, rows: int) -> None:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DROP TABLE IF EXISTS w")
-        conn.exec_driver_sql("CREATE TABLE w (id BIGINT PRIMARY KEY, a INTEGER, b VARCHAR(40))")
-        conn.execute(
-            sa.text("INSERT INTO w VALUES (:id, :a, :b)"),
-            [{"id": i, "a": i % 97, "b": f"row {i}"} for i in range(1, rows + 1)],
-        )
-    engine.dispose()
-
-
-def workload(engine: sa.Engine, args: argparse.Namespace) -> float:
-    """Seconds for ``args.connections`` threads to commit ``args.transactions`` transactions."""
-    share = -(-args.transactions // args.connections)
-    ready = threading.Barrier(args.connections + 1)
-    errors: list[BaseException] = []
-
-    def write(i: int) -> None:
-        rng = random.Random(f"{args.seed}-{i}")
-        fresh = itertools.count(10_000_000 * (i + 1))
-        try:
-            with engine.connect() as conn:
-                ready.wait()
-                for _ in range(share):
-                    for _ in range(args.statements):
-                        action = rng.random()
-                        if action < 0.5:
-                            conn.execute(
-                                sa.text("UPDATE w SET a = a + 1, b = :b WHERE id = :id"),
-                                {"b": f"v{rng.random()}", "id": rng.randint(1, args.rows)},
-                            )
-                        elif action < 0.75:
-                            conn.execute(sa.text("INSERT INTO w VALUES (:id, 1, 'new')"), {"id": next(fresh)})
-                        else:
-                            conn.execute(sa.text("DELETE FROM w WHERE id = :id"), {"id": rng.randint(1, args.rows)})
-                    conn.commit()
-        except BaseException as exc:
-            errors.append(exc)
-            ready.abort()
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(args.connections)]
-    for t in threads:
-        t.start()
-    ready.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    if errors:
-        raise CliError(f"the write workload failed: {errors[0]}")
-    return time.perf_counter() - started
 
 
 # -- 2. freshness and convergence of a view over three databases --------------------------------

@@ -15,7 +15,8 @@ SOURCES = {"pg": "PostgreSQL", "my": "MariaDB", "lite": "SQLite"}
 
 def print_write_cost(costs: dict[str, dict[str, Any]]) -> None:
     """Per server: throughput at the median run (slowest-fastest run), the median time ratio
-    to no capture (the spread of that ratio within a round), and WAL written per transaction."""
+    to no capture (the spread of that ratio within a round), WAL written per transaction
+    (PostgreSQL), and what the writers wrote to the binary log (MariaDB)."""
     for name, cost in costs.items():
         spread = cost["spread"]
         rates = ", ".join(
@@ -33,6 +34,14 @@ def print_write_cost(costs: dict[str, dict[str, Any]]) -> None:
         if "wal_bytes_per_transaction" in cost:
             written = ", ".join(f"{mode} {b:.0f}" for mode, b in cost["wal_bytes_per_transaction"].items())
             print(f"{'':10s} WAL bytes per transaction (median run): {written}")
+        if "binlog_bytes_per_transaction" in cost:
+            without = ", ".join(mode for mode, on in cost["binary_log"].items() if not on) or "none"
+            written = ", ".join(f"{mode} {b:.0f}" for mode, b in cost["binlog_bytes_per_transaction"].items())
+            prepares = ", ".join(f"{mode} {sum(runs)}" for mode, runs in cost["handler_prepares"].items())
+            print(
+                f"{'':10s} writers without the binary log (sql_log_bin = 0): {without}; binary log bytes per "
+                f"transaction (median run): {written}; two-phase commit prepares (all runs): {prepares}"
+            )
 
 
 def print_freshness_run(method: str, run: dict[str, Any]) -> None:

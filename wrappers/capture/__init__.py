@@ -116,6 +116,8 @@ class Capture:
     log: LogReader | None = None  # log capture: where changes come from instead of an outbox
 
     def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
         self.engine.dispose()
         if self.source_engine is not None:
             self.source_engine.dispose()

@@ -16,10 +16,11 @@ the snapshot sees a transaction that commits after one it does not see (visibili
 is not always log order), the read raises ``SnapshotRace`` and the subquery takes another
 snapshot (``docs/capture.md`` has the argument).
 
-Polls read the log less often while it holds nothing new for the captured tables
-(``PollPacing``): each read costs the server a decoding of the log from the slot's restart
-position, and a quiet source would pay it every poll. Spacing polls out costs subqueries
-nothing: their own reads capture what their snapshots see.
+The log is streamed (``log_stream``): a transaction arriving wakes the wrapper's ship loop,
+which polls at once (``PollPacing``), so a transaction is captured about as soon as it is
+visible, not at the next poll. Polls of a quiet log are spaced out: each takes a snapshot
+of the source for nothing. That costs subqueries nothing either: their own reads capture
+what their snapshots see.
 """
 
 from __future__ import annotations
@@ -53,25 +54,35 @@ class LogTransaction:
 class LogRead:
     """What one read found: ``transactions`` to capture, in log order, and the position the
     log is handled through (at least the last transaction's end; beyond it where the log
-    holds nothing more for the captured tables that the snapshot sees)."""
+    holds nothing more for the captured tables that the snapshot sees). ``more``: the
+    stream already holds transactions beyond them (committed after the snapshot, or not
+    visible in it yet), which the next poll should take soon."""
 
     transactions: list[LogTransaction]
     through: int
+    more: bool = False
 
 
 IDLE_AFTER_EMPTY_POLLS = 4
 """Polls in a row that find nothing before polls are spaced out (a busy log never is)."""
 
 IDLE_POLL_MAX_SECONDS = 0.4
-"""The longest time between two polls of a quiet log: the most the first change after a
-quiet spell waits for a poll beyond the poll interval (a subquery's read does not wait)."""
+"""The longest time between two polls of a quiet log. A transaction arriving from the log
+makes the next poll due at once, so this delays nothing: what is left for a poll of a quiet
+log to do is to record how far the log is handled."""
+
+RETRY_SECONDS = 0.001
+"""After a read that left transactions behind (the stream holds transactions its snapshot
+did not see yet), the next poll comes this soon, twice as late after each further one, up
+to the poll interval."""
 
 
 class PollPacing:
-    """When the next poll reads the log: every poll interval while reads find transactions;
-    after ``IDLE_AFTER_EMPTY_POLLS`` polls in a row found none, twice as long after each
-    further empty one, up to ``IDLE_POLL_MAX_SECONDS``. Any read that finds a transaction
-    (a poll's or a subquery's) makes the next poll due at once.
+    """When the next poll reads the log, apart from the polls a transaction arriving from the
+    log starts at once (``Wrapper._arrived``): soon when a read left some behind (``more``),
+    every poll interval while reads find transactions; after ``IDLE_AFTER_EMPTY_POLLS`` polls in a row found none,
+    twice as long after each further empty one, up to ``IDLE_POLL_MAX_SECONDS``. Any read
+    that finds a transaction (a poll's or a subquery's) makes the next poll due at once.
 
     >>> pacing = PollPacing(0.05)
     >>> for _ in range(IDLE_AFTER_EMPTY_POLLS):
@@ -80,24 +91,42 @@ class PollPacing:
     (False, True)
     >>> for _ in range(10):
     ...     pacing.read(1.0, found=False, poll=True)
-    >>> pacing.due(1.39), pacing.due(1.4)
+    >>> pacing.due(1.39), pacing.due(1.4), round(pacing.wait(1.0, 1.0), 3)
+    (False, True, 0.4)
+    >>> pacing.read(2.0, found=False, poll=True, more=True)
+    >>> pacing.due(2.0), pacing.due(2.001)
     (False, True)
-    >>> pacing.read(1.1, found=True, poll=False)
-    >>> pacing.due(1.1)
+    >>> pacing.read(2.001, found=False, poll=True, more=True)
+    >>> round(pacing.wait(2.001, 1.0), 3)
+    0.002
+    >>> pacing.read(2.1, found=True, poll=False)
+    >>> pacing.due(2.1)
     True
     """
 
     def __init__(self, poll_interval: float) -> None:
         self._interval = poll_interval
         self._empty_polls = 0
+        self._retries = 0
         self._next_at = 0.0
 
     def due(self, now: float) -> bool:
         return now >= self._next_at
 
-    def read(self, now: float, *, found: bool, poll: bool) -> None:
+    def wait(self, now: float, longest: float) -> float:
+        """Seconds until the next poll is due, at most ``longest``."""
+        return min(longest, max(0.0, self._next_at - now))
+
+    def read(self, now: float, *, found: bool, poll: bool, more: bool = False) -> None:
         """A read at ``now`` found transactions (``found``) or not; ``poll``: a poll's read
-        (a subquery's read that finds nothing says nothing about how busy the log is)."""
+        (a subquery's read that finds nothing says nothing about how busy the log is);
+        ``more``: it left transactions behind that a later snapshot will see."""
+        if more:
+            self._empty_polls = 0
+            self._next_at = now + min(self._interval, RETRY_SECONDS * 2 ** min(self._retries, 16))
+            self._retries += 1
+            return
+        self._retries = 0
         if found:
             self._empty_polls, self._next_at = 0, 0.0
         elif poll:
@@ -126,6 +155,15 @@ class LogReader(Protocol):
 
     def status(self) -> dict[str, Any]:
         """What health shows: the log retained for the wrapper, the capture lag."""
+        ...
+
+    def on_transaction(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from another thread) whenever a transaction of the captured
+        tables arrives from the log, so that it is captured without waiting for a poll."""
+        ...
+
+    def close(self) -> None:
+        """Stop reading the log (its connection and thread)."""
         ...
 
 

@@ -9,10 +9,18 @@ A position in the log is the file's number and the offset in it, as one integer
 **The handshake** is exact by construction: ``START TRANSACTION WITH CONSISTENT SNAPSHOT``
 also fixes the binary log position the snapshot corresponds to (``SHOW STATUS LIKE
 'binlog_snapshot_%'``): the snapshot sees every transaction written to the log before it
-and none after. A read ships every transaction between the position already handled and
-that one, so what a snapshot sees is always a prefix of the log, and a subquery never
-retakes its snapshot. The first read of a fresh wrapper state starts at its snapshot's
+and none after. A subquery's read ships every transaction between the position already
+handled and that one, so what a snapshot sees is always a prefix of the log, and a subquery
+never retakes its snapshot; a poll waits for that position up to ``POLL_WAIT_SECONDS``,
+then ships what the stream has delivered so far (up to the end of an event group). The first read of a fresh wrapper state starts at its snapshot's
 position (what committed before is the base every later snapshot sees).
+
+**Reading**: from the first read after that position on, one replica's dump connection
+streams the log as the server writes it (``_BinlogDump``, blocking, in the thread of a
+``log_stream.LogStream``): a commit reaches the wrapper within a millisecond or so and
+wakes its ship loop, and a read only waits, if at all, until the stream has passed its
+snapshot's position. (Earlier versions opened a non-blocking dump for every read, about
+10 ms each, and learned of a commit only at the next poll.)
 
 The server keeps no position for the wrapper (there is no slot): binary logs are purged by
 ``binlog_expire_logs_seconds`` / ``expire_logs_days`` or ``PURGE BINARY LOGS``, and a
@@ -25,8 +33,9 @@ from __future__ import annotations
 import datetime
 import random
 import re
+import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,12 +43,20 @@ import sqlalchemy as sa
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import check_tables, reason, shown
 from wrappers.capture.log import LogRead, LogTransaction
+from wrappers.capture.log_stream import Feed, LogStream, Streamed
 from wrappers.capture.types import wire_value
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema
 
 REQUIRED = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}
 STATUS_EVERY_SECONDS = 1.0
+HEARTBEAT_SECONDS = 1.0
+"""The server sends the dump a heartbeat after this long without events: where the log ends."""
+STREAM_WAIT_SECONDS = 10.0
+"""How long a subquery's read waits for the stream to reach its snapshot's position (then it fails: it is retried)."""
+POLL_WAIT_SECONDS = 0.1
+"""How long a poll waits for it (then it takes what arrived)."""
+_GTID_STANDALONE = 1  # a MariaDB GTID event's flag: the group is one statement, with no COMMIT or XID event
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?`?(\w+)`?", re.IGNORECASE)
 _FILE = re.compile(r"^(.*)\.(\d+)$")
 
@@ -117,7 +134,8 @@ def _value(value: Any) -> Any:
 
 
 class MariaLog:
-    """Reads the binary log of ``engine``'s server for the tables of its database (``log.LogReader``)."""
+    """Reads the binary log of ``engine``'s server for the tables of its database
+    (``log.LogReader``), streamed (``_BinlogDump``) from the first read after a position on."""
 
     def __init__(self, engine: sa.Engine, schema: SourceSchema, slot: str = "") -> None:
         check_server(engine)
@@ -131,7 +149,7 @@ class MariaLog:
             "password": url.password or "",
             "charset": "utf8mb4",
             # TLS as the URL asks for it (PyMySQL's ssl_* options); without, no TLS context is
-            # built for each read's two connections (a quarter second each)
+            # built for the stream's two connections (a quarter second each)
             **({str(k): v for k, v in url.query.items() if str(k).startswith("ssl")} or {"ssl_disabled": True}),
         }
         self._columns = {name: table.columns for name, table in schema.tables.items()}
@@ -141,9 +159,19 @@ class MariaLog:
         found = _FILE.match(file)
         assert found is not None
         self._base = found.group(1)
+        self._stream = LogStream(self._dump, f"{shown(url)} binary log")
         self._status: dict[str, Any] = {}
         self._status_at = 0.0
         self._last_commit: float | None = None
+
+    def _dump(self) -> _BinlogDump:
+        return _BinlogDump(self._connection, self._server_id, self._database, self._columns, self._base)
+
+    def on_transaction(self, callback: Callable[[], None]) -> None:
+        self._stream.on_transaction(callback)
+
+    def close(self) -> None:
+        self._stream.close()
 
     def check_position(self, captured_through: int) -> None:
         if not captured_through:
@@ -165,19 +193,105 @@ class MariaLog:
             )
         }
         target = position(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
-        transactions = self._decode(after, target) if 0 < after < target else []
-        if transactions:
-            self._last_commit = transactions[-1].committed_at
-        through = max(after, target)
+        if not after:  # a fresh state: what the snapshot sees is the base, the log starts after it
+            self._refresh_status(conn, target)
+            return LogRead([], target)
+        self._stream.ensure(after)
+        # a poll waits briefly: the stream is a millisecond or so behind the server
+        if not self._stream.wait_until(target, STREAM_WAIT_SECONDS if exact else POLL_WAIT_SECONDS) and exact:
+            file, offset = file_and_offset(target, self._base)
+            raise WrapperError(
+                f"the binary log stream did not reach {file}:{offset}, the snapshot's position, within "
+                f"{STREAM_WAIT_SECONDS:.0f} s"
+            )
+        through = max(after, min(target, self._stream.position))  # exact: the snapshot's position
+        arrived = self._stream.transactions(after)
+        taken = [item for item in arrived if item.transaction.end <= through]
+        for item in taken:
+            if item.problem is not None:
+                file, offset = file_and_offset(item.transaction.end, self._base)
+                raise WrapperError(f"transaction ending at {file}:{offset}: {item.problem}")
+        if taken:
+            self._last_commit = taken[-1].transaction.committed_at
         self._refresh_status(conn, through)
-        return LogRead(transactions, through)
+        return LogRead([item.transaction for item in taken], through, more=len(taken) < len(arrived))
 
-    def _decode(self, after: int, target: int) -> list[LogTransaction]:
-        """The transactions with rows of captured tables between positions ``after`` and ``target``."""
+    def confirm(self, position: int) -> None:
+        """Nothing to confirm: the server keeps no position for the wrapper."""
+
+    def _refresh_status(self, conn: sa.Connection, through: int) -> None:
+        now = time.monotonic()
+        if now - self._status_at < STATUS_EVERY_SECONDS:
+            return
+        self._status_at = now
+        file, offset = file_and_offset(through, self._base)
+        logs = [(str(row[0]), int(str(row[1]))) for row in conn.exec_driver_sql("SHOW BINARY LOGS")]
+        behind = sum(size for name, size in logs if name > file) + sum(
+            size - offset for name, size in logs if name == file
+        )
+        self._status = {
+            "position": f"{file}:{offset}",
+            "unread_binlog_bytes": max(0, behind),
+            "binlog_files": len(logs),
+            "last_commit_at": self._last_commit,
+        }
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._status)
+
+
+class _BinlogDump:
+    """One blocking binary log dump (a replica's connection), read with python-mysql-replication
+    in the stream's thread (a ``log_stream.LogSource``), filtered to the source's database.
+
+    Where the stream stands (``Feed.reached``) moves at the ends of event groups only (a
+    transaction's XID or COMMIT, a statement logged on its own, a heartbeat or a rotation
+    outside of a group): a position recorded from it is one a later stream can start at.
+    Every group ends with an event the filter lets through (the library filters row events
+    of other databases, not these), so the stream reaches the end of every transaction it
+    passes, and the server's heartbeats (``HEARTBEAT_SECONDS``) carry it to the end of the
+    log when it is idle."""
+
+    def __init__(
+        self, connection: dict[str, Any], server_id: int, database: str, columns: dict[str, tuple[str, ...]], base: str
+    ) -> None:
+        self._connection = connection
+        self._server_id = server_id
+        self._database = database
+        self._columns = columns
+        self._base = base
+        self._opened: list[Any] = []
+        self._stopped = False
+
+    def _connect(self, **settings: Any) -> Any:
+        """The library's connections, two per dump (the dump's and one for its queries). It
+        would open the dump again by itself after a lost connection, from the position of the
+        last event it read, which may lie inside a transaction: refuse, so that the stream
+        ends and the next read starts a new one where the wrapper's state stands."""
+        import pymysql
+
+        if self._stopped or len(self._opened) >= 2:
+            raise WrapperError("the binary log connection was lost" if not self._stopped else "stopped")
+        connection = pymysql.connect(**settings)
+        self._opened.append(connection)
+        return connection
+
+    def stop(self) -> None:
+        self._stopped = True
+        for connection in list(self._opened):
+            sock = getattr(connection, "_sock", None)  # PyMySQL's socket: its blocking read ends
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def run(self, after: int, feed: Feed) -> None:
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import QueryEvent, RotateEvent, XidEvent
+        from pymysqlreplication.event import HeartbeatLogEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
+        group_events = [QueryEvent, RotateEvent, XidEvent, MariadbGtidEvent, HeartbeatLogEvent]
         file, offset = file_and_offset(after, self._base)
         stream = BinLogStreamReader(
             connection_settings=self._connection,
@@ -185,45 +299,64 @@ class MariaLog:
             resume_stream=True,
             log_file=file,
             log_pos=offset,
-            blocking=False,
+            blocking=True,
+            slave_heartbeat=HEARTBEAT_SECONDS,
             # not is_mariadb: that switches the library to GTID positions, and ignores log_file/log_pos
-            only_events=[QueryEvent, RotateEvent, XidEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+            only_events=[*group_events, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
             only_schemas=[self._database],
             enable_logging=False,
+            pymysql_wrapper=self._connect,
         )
-        out: list[LogTransaction] = []
         rows: list[OutboxRow] = []
         problems: list[str] = []
         current = file
+        in_group = standalone = False
         try:
             for event in stream:
+                if self._stopped:
+                    return
                 if isinstance(event, RotateEvent):
                     current = event.next_binlog
+                    if not in_group:
+                        feed.started()
+                        feed.reached(position(current, event.position))
                     continue
                 end = position(current, event.packet.log_pos)
-                if end > target:
-                    break
-                if isinstance(event, XidEvent) or (isinstance(event, QueryEvent) and event.query == "COMMIT"):
-                    if end > after and (rows or problems):
-                        if problems:
-                            raise WrapperError(f"transaction ending at {current}:{event.packet.log_pos}: {problems[0]}")
-                        out.append(
-                            LogTransaction(str(getattr(event, "xid", end)), end, tuple(rows), float(event.timestamp))
-                        )
-                    rows, problems = [], []
+                if isinstance(event, HeartbeatLogEvent):
+                    if not in_group:
+                        feed.reached(end)
+                elif isinstance(event, MariadbGtidEvent):
+                    in_group, standalone = True, bool(event.flags & _GTID_STANDALONE)
+                elif isinstance(event, QueryEvent) and event.query == "BEGIN":  # MySQL's groups begin so
+                    in_group, standalone = True, False
+                elif isinstance(event, XidEvent) or (
+                    isinstance(event, QueryEvent) and event.query in ("COMMIT", "ROLLBACK")
+                ):
+                    self._deliver(feed, end, rows, problems, float(event.timestamp), str(getattr(event, "xid", end)))
+                    rows, problems, in_group = [], [], False
+                    feed.reached(end)
                 elif isinstance(event, QueryEvent):
                     self._query(event, problems)
-                    if problems and end > after and not rows:  # DDL commits on its own, with no Xid
-                        raise WrapperError(f"statement ending at {current}:{event.packet.log_pos}: {problems[0]}")
+                    if standalone or not in_group:  # a statement logged on its own (DDL): its group ends here
+                        self._deliver(feed, end, rows, problems, float(event.timestamp), str(end))
+                        rows, problems, in_group = [], [], False
+                        feed.reached(end)
                 elif event.schema == self._database and event.table in self._columns:
                     self._rows(event, rows, problems)
         except WrapperError:
             raise
         except Exception as exc:
+            if self._stopped:
+                return
             raise WrapperError(f"cannot read the binary log from {file}:{offset}: {type(exc).__name__}: {exc}") from exc
         finally:
             stream.close()
-        return out
+
+    @staticmethod
+    def _deliver(feed: Feed, end: int, rows: list[OutboxRow], problems: list[str], at: float, xid: str) -> None:
+        if rows or problems:
+            transaction = LogTransaction(xid, end, tuple(rows), at)
+            feed.transaction(Streamed(transaction, end, problems[0] if problems else None))
 
     def _query(self, event: Any, problems: list[str]) -> None:
         schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
@@ -254,29 +387,6 @@ class MariaLog:
                 rows.append(OutboxRow(len(rows), table, "D", {c: _value(v) for c, v in row["values"].items()}, None))
             else:
                 rows.append(OutboxRow(len(rows), table, "I", None, {c: _value(v) for c, v in row["values"].items()}))
-
-    def confirm(self, position: int) -> None:
-        """Nothing to confirm: the server keeps no position for the wrapper."""
-
-    def _refresh_status(self, conn: sa.Connection, through: int) -> None:
-        now = time.monotonic()
-        if now - self._status_at < STATUS_EVERY_SECONDS:
-            return
-        self._status_at = now
-        file, offset = file_and_offset(through, self._base)
-        logs = [(str(row[0]), int(str(row[1]))) for row in conn.exec_driver_sql("SHOW BINARY LOGS")]
-        behind = sum(size for name, size in logs if name > file) + sum(
-            size - offset for name, size in logs if name == file
-        )
-        self._status = {
-            "position": f"{file}:{offset}",
-            "unread_binlog_bytes": max(0, behind),
-            "binlog_files": len(logs),
-            "last_commit_at": self._last_commit,
-        }
-
-    def status(self) -> dict[str, Any]:
-        return dict(self._status)
 
 
 def reader(engine: sa.Engine, schema: SourceSchema, slot: str) -> MariaLog:

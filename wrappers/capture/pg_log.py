@@ -7,33 +7,29 @@ needs it; with the default identity the log holds the key only). ``uninstall`` r
 tables from the publication and, once none is left, drops the publication and the slot,
 so that the server releases the WAL the slot retains.
 
-The wrapper reads the slot with ``pg_logical_slot_peek_binary_changes`` on its ordinary
-connection, inside the read transaction of its snapshot, and decodes the ``pgoutput``
-messages itself (``pgoutput``). It never consumes with ``..._get_...``: the slot's
-confirmed position moves only by ``pg_replication_slot_advance`` to a position whose
-updates the manager acknowledged, so a crash anywhere re-reads what is not acknowledged
-and the wrapper's state (``captured_through``, an LSN) skips what it already turned into
-updates. Why this interface rather than the streaming replication protocol:
-
-* positions are exact: every transaction comes with its commit and end LSN, and a peek
-  stops at a given LSN (``upto_lsn``), which the watermark handshake needs;
-* confirming after acknowledgment is one function call, made when the wrapper chooses;
-  the stream protocol would need a second connection, keepalive feedback from a thread,
-  and care that a feedback message never confirms too early;
-* no other driver: psycopg 3 has no replication protocol.
-
-The cost is that each read decodes the log again from the slot's confirmed position;
-updates are acknowledged within a poll or two, so that stretch stays short.
+The wrapper streams the slot over a replication connection of its own (``pg_stream``,
+the streaming replication protocol through psycopg's libpq layer) from its first read on,
+in a thread (``log_stream.LogStream``), and decodes the ``pgoutput`` messages itself
+(``pgoutput``). The stream tells the wrapper about a commit about a millisecond after it,
+which wakes the ship loop; a read decodes nothing and opens no connection: it takes the
+transactions the stream delivered up to its snapshot's position. The slot's confirmed
+position moves only by the stream's status updates, which report the position whose
+updates the manager acknowledged and never more, so a crash anywhere re-reads what is not
+acknowledged and the wrapper's state (``captured_through``, an LSN) skips what it already
+turned into updates. (Earlier versions peeked the slot with
+``pg_logical_slot_peek_binary_changes`` on every read, which decoded the log again from the
+slot's restart position each time, and learned of a commit only at the next poll.)
 
 **The handshake** (``log`` module): a read runs inside a REPEATABLE READ snapshot S and
 learns S's transaction snapshot (``pg_current_snapshot()``) and the WAL insert position L
 read after S was fixed. Every transaction S sees wrote its commit record before S was
-taken, so before L; every transaction committing at or after L is invisible to S. The SQL
-interface decodes flushed WAL only: when the WAL is not flushed through L, a subquery's read
-has it flushed by committing a logical message of its own (``_flush_through``), and decodes
-the slot up to L. Whether S sees a decoded transaction
-follows from its xid and S's ``xmin:xmax:xip``. A poll does not wait: it records a position
-beyond its last transaction only where the WAL was flushed through L.
+taken, so before L; every transaction committing at or after L is invisible to S. The server
+decodes flushed WAL only: when the WAL is not flushed through L, a subquery's read has it
+flushed by committing a logical message of its own (``_flush_through``), and waits until
+the stream has passed L. Whether S sees a streamed transaction follows from its xid and
+S's ``xmin:xmax:xip``. A poll neither flushes nor waits for long: it waits up to
+``POLL_WAIT_SECONDS`` for the stream to pass the flushed WAL, and records a position
+beyond its last transaction only where the stream had passed L.
 """
 
 from __future__ import annotations
@@ -53,6 +49,8 @@ from wrappers.capture import pgoutput
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import check_tables, reason, shown
 from wrappers.capture.log import LogRead, LogTransaction, visible_prefix
+from wrappers.capture.log_stream import LogStream, Streamed
+from wrappers.capture.pg_stream import PgReplication
 from wrappers.capture.types import wire_value
 from wrappers.errors import WrapperError
 from wrappers.schema import SourceSchema
@@ -60,11 +58,16 @@ from wrappers.schema import SourceSchema
 log = logging.getLogger(__name__)
 
 SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
-_OBJECT_IN_USE = "55006"
 _INSUFFICIENT_PRIVILEGE = "42501"
 CREATED_WAIT_SECONDS = 60.0
 IN_USE_WAIT_SECONDS = 5.0
 STATUS_EVERY_SECONDS = 1.0
+STREAM_NUDGE_SECONDS = 0.2
+"""How long an exact read waits for the stream before it writes WAL past its position."""
+STREAM_WAIT_SECONDS = 10.0
+"""How long an exact read waits for the stream in all (then it fails: the subquery is retried)."""
+POLL_WAIT_SECONDS = 0.1
+"""How long a poll waits for the stream to pass the flushed WAL (then it takes what arrived)."""
 # A transaction that writes WAL (a logical message no table holds) and so flushes it when it commits.
 FLUSH_TRANSACTION = (
     "BEGIN; SET LOCAL synchronous_commit = local; SELECT pg_logical_emit_message(true, 'pvm', ''); COMMIT"
@@ -120,6 +123,7 @@ def check_server(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         wal_level: str = conn.exec_driver_sql("SHOW wal_level").scalar_one()
         slots = int(conn.exec_driver_sql("SHOW max_replication_slots").scalar_one())
+        senders = int(conn.exec_driver_sql("SHOW max_wal_senders").scalar_one())
         may_replicate: bool = conn.exec_driver_sql(
             "SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user"
         ).scalar_one()
@@ -131,6 +135,11 @@ def check_server(engine: sa.Engine) -> None:
         )
     if slots < 1:
         raise WrapperError(f"{shown(engine.url)}: log capture needs max_replication_slots of at least 1")
+    if senders < 1:
+        raise WrapperError(
+            f"{shown(engine.url)}: log capture streams the slot: it needs max_wal_senders of at least 1 "
+            "(a WAL sender per log-captured source)"
+        )
     if not may_replicate:
         raise WrapperError(
             f"{shown(engine.url)}: log capture needs the REPLICATION attribute for role {user!r} "
@@ -356,8 +365,65 @@ class _Table:
         return out
 
 
+class _Decoder:
+    """The ``pgoutput`` messages of one replication stream as the transactions of the
+    captured tables (``pg_stream.Decoder``). Relations are described once per stream, before
+    their first change and after every change of their definition."""
+
+    def __init__(self, tables: dict[str, _Table]) -> None:
+        self._tables = tables
+        self._relations: dict[int, pgoutput.Relation] = {}
+        self._begin: pgoutput.Begin | None = None
+        self._rows: list[OutboxRow] = []
+        self._problems: list[str] = []
+
+    def message(self, message: pgoutput.Message) -> Streamed | None:
+        if isinstance(message, pgoutput.Begin):
+            self._begin, self._rows, self._problems = message, [], []
+        elif isinstance(message, pgoutput.Relation):
+            self._relations[message.relid] = message
+        elif isinstance(message, pgoutput.Change):
+            assert self._begin is not None, "a change outside of a transaction"
+            relation = self._relations[message.relid]
+            table = self._tables.get(relation.name)
+            if table is None:
+                return None
+            problem = table.problem(relation)
+            if problem is not None:
+                self._problems.append(problem)
+                return None
+            old = table.row(message.old, None)
+            new = table.row(message.new, old)
+            self._rows.append(OutboxRow(len(self._rows), table.name, message.op, old, new, str(self._begin.xid)))  # type: ignore[arg-type]
+        elif isinstance(message, pgoutput.Truncate):
+            names = [self._relations[r].name for r in message.relids if self._relations[r].name in self._tables]
+            if names:
+                self._problems.append(
+                    f"TRUNCATE of {', '.join(names)} cannot be captured from the log (it holds no rows); "
+                    "delete rows with DELETE, or install capture again and reload the views"
+                )
+        elif isinstance(message, pgoutput.Commit):
+            begin, rows, problems = self._begin, self._rows, self._problems
+            assert begin is not None, "a commit outside of a transaction"
+            self._begin, self._rows, self._problems = None, [], []
+            if rows or problems:
+                transaction = LogTransaction(str(begin.xid), message.end_lsn, tuple(rows), message.committed_at)
+                return Streamed(transaction, message.commit_lsn, problems[0] if problems else None)
+        return None
+
+
+def replication_conninfo(engine: sa.Engine) -> str:
+    """The libpq connection string of ``engine``'s URL, for a logical replication connection."""
+    from psycopg import conninfo, pq
+
+    _, options = engine.dialect.create_connect_args(engine.url)
+    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    return conninfo.make_conninfo(**{k: v for k, v in options.items() if k in known}, replication="database")
+
+
 class PgLog:
-    """Reads the slot ``slot`` of ``engine``'s database (``log.LogReader``)."""
+    """Reads the slot ``slot`` of ``engine``'s database (``log.LogReader``), streamed
+    (``pg_stream``) from the first read on."""
 
     def __init__(self, engine: sa.Engine, schema: SourceSchema, slot: str) -> None:
         self._engine = engine
@@ -398,7 +464,7 @@ class PgLog:
             found = _slot(conn, slot)
             deadline = time.monotonic() + IN_USE_WAIT_SECONDS
             while found is not None and found["active_pid"] is not None and time.monotonic() < deadline:
-                time.sleep(0.1)  # the backend of a wrapper killed mid-read may still finish its read
+                time.sleep(0.1)  # the WAL sender of a wrapper killed a moment ago ends once it notices
                 found = _slot(conn, slot)
             writer_delay_ms = int(
                 conn.exec_driver_sql("SELECT setting FROM pg_settings WHERE name = 'wal_writer_delay'").scalar_one()
@@ -410,9 +476,28 @@ class PgLog:
             raise WrapperError(f"replication slot {slot!r} does not exist: run pvm wrapper install --capture log")
         if found["active_pid"] is not None:
             raise WrapperError(f"replication slot {slot!r} is in use by another process (PID {found['active_pid']})")
+        self._conninfo = replication_conninfo(engine)
+        self._confirmed = 0
+        self._replication: PgReplication | None = None
+        self._stream = LogStream(self._connect, f"{shown(engine.url)} slot {slot}")
         self._status: dict[str, Any] = {"slot": slot}
         self._status_at = 0.0
         self._last_commit: float | None = None
+
+    def _connect(self) -> PgReplication:
+        self._replication = PgReplication(
+            self._conninfo, self.slot, _Decoder(self._tables), lambda: self._confirmed, shown(self._engine.url)
+        )
+        return self._replication
+
+    def on_transaction(self, callback: Callable[[], None]) -> None:
+        self._stream.on_transaction(callback)
+
+    def close(self) -> None:
+        self._stream.close()
+        if self._flusher is not None:
+            self._flusher.close()
+            self._flusher = None
 
     def check_position(self, captured_through: int) -> None:
         with self._engine.connect() as conn:
@@ -431,17 +516,44 @@ class PgLog:
         snapshot_text, upto, flushed = str(found[0]), int(found[1]), int(found[2])
         if exact and flushed < upto:
             flushed = self._flush_through(conn, upto)
+        self._stream.ensure(after)
+        if exact:
+            self._wait_for_stream(conn, min(upto, flushed))
+        else:  # the stream is a millisecond or so behind the server, unless it decodes a large transaction
+            self._stream.wait_until(min(upto, flushed), POLL_WAIT_SECONDS)
+        reached = self._stream.position  # every transaction committing before it has arrived
         snapshot = PgSnapshot.parse(snapshot_text)
-        transactions = self._decode(conn, after, upto)  # decodes at least through ``flushed``
+        arrived = self._stream.transactions(after)
+        streamed = [item for item in arrived if item.commit < upto]
+        for item in streamed:
+            if item.problem is not None:
+                raise WrapperError(f"transaction {item.transaction.xid} at {lsn_text(item.commit)}: {item.problem}")
+        transactions = [item.transaction for item in streamed]
         prefix, complete = visible_prefix(transactions, lambda xid: snapshot.sees(int(xid)), exact=exact)
-        if complete and flushed >= upto:
-            through = max(after, upto)  # every commit before upto was decoded
+        if complete and reached >= upto:
+            through = max(after, upto)  # every commit before upto has arrived
         else:
             through = prefix[-1].end if prefix else after
         if prefix:
             self._last_commit = prefix[-1].committed_at
         self._refresh_status(conn, through)
-        return LogRead(prefix, through)
+        return LogRead(prefix, through, more=len(prefix) < len(arrived))
+
+    def _wait_for_stream(self, conn: sa.Connection, position: int) -> None:
+        """Wait until the stream has read the log through ``position``, flushed already (an
+        exact read's insert position). The server tells how far it has read only once it has
+        caught up with the flushed WAL: if nothing more is written, it may stop at the end of
+        the last record before ``position`` (``position`` past the header of an empty WAL
+        page); a flush transaction writes one beyond it."""
+        if self._stream.wait_until(position, STREAM_NUDGE_SECONDS):
+            return
+        if self._force_flush:
+            self._flush_through(conn, position)
+        if not self._stream.wait_until(position, STREAM_WAIT_SECONDS):
+            raise WrapperError(
+                f"replication slot {self.slot!r}: the stream did not reach {lsn_text(position)} within "
+                f"{STREAM_WAIT_SECONDS:.0f} s (it stands at {lsn_text(self._stream.position)})"
+            )
 
     def _flush_through(self, conn: sa.Connection, upto: int) -> int:
         """Have the WAL flushed through ``upto``: the flushed position then (past ``upto``
@@ -491,73 +603,13 @@ class PgLog:
             time.sleep(wait)
             wait = min(wait * 2, 0.02)
 
-    def _decode(self, conn: sa.Connection, after: int, upto: int) -> list[LogTransaction]:
-        """The transactions with captured rows whose commit is in [after, upto), in log order."""
-        try:
-            result = conn.execute(
-                sa.text(
-                    "SELECT data FROM pg_logical_slot_peek_binary_changes(:slot, CAST(:upto AS pg_lsn), NULL, "
-                    "'proto_version', '1', 'publication_names', CAST(:publication AS text))"
-                ),
-                {"slot": self.slot, "upto": lsn_text(upto), "publication": self.slot},
-            )
-            messages = [pgoutput.decode(row[0]) for row in result]
-        except sa.exc.DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) == _OBJECT_IN_USE:
-                raise WrapperError(
-                    f"replication slot {self.slot!r} is in use by another process: {reason(exc)}"
-                ) from exc
-            raise
-        relations: dict[int, pgoutput.Relation] = {}
-        out: list[LogTransaction] = []
-        begin: pgoutput.Begin | None = None
-        rows: list[OutboxRow] = []
-        problems: list[str] = []
-        for message in messages:
-            if isinstance(message, pgoutput.Begin):
-                begin, rows, problems = message, [], []
-            elif isinstance(message, pgoutput.Relation):
-                relations[message.relid] = message
-            elif isinstance(message, pgoutput.Change):
-                assert begin is not None, "a change outside of a transaction"
-                relation = relations[message.relid]
-                table = self._tables.get(relation.name)
-                if table is None:
-                    continue
-                problem = table.problem(relation)
-                if problem is not None:
-                    problems.append(problem)
-                    continue
-                old = table.row(message.old, None)
-                new = table.row(message.new, old)
-                rows.append(OutboxRow(len(rows), table.name, message.op, old, new, str(begin.xid)))  # type: ignore[arg-type]
-            elif isinstance(message, pgoutput.Truncate):
-                names = [relations[r].name for r in message.relids if relations[r].name in self._tables]
-                if names:
-                    problems.append(
-                        f"TRUNCATE of {', '.join(names)} cannot be captured from the log (it holds no rows); "
-                        "delete rows with DELETE, or install capture again and reload the views"
-                    )
-            elif isinstance(message, pgoutput.Commit):
-                assert begin is not None, "a commit outside of a transaction"
-                if message.end_lsn > after and message.commit_lsn < upto:
-                    if problems:
-                        raise WrapperError(f"transaction {begin.xid} at {lsn_text(message.commit_lsn)}: {problems[0]}")
-                    if rows:
-                        out.append(LogTransaction(str(begin.xid), message.end_lsn, tuple(rows), message.committed_at))
-                begin = None
-        return out
-
     def confirm(self, position: int) -> None:
-        with self._engine.connect() as conn:
-            conn.execute(
-                sa.text(
-                    "SELECT pg_replication_slot_advance(slot_name, CAST(:lsn AS pg_lsn)) FROM pg_replication_slots "
-                    "WHERE slot_name = :slot AND confirmed_flush_lsn < CAST(:lsn AS pg_lsn)"
-                ),
-                {"slot": self.slot, "lsn": lsn_text(position)},
-            ).all()
-            conn.commit()
+        """Confirmed to the server on the stream's connection, at once (a status update);
+        never backwards."""
+        if position > self._confirmed:
+            self._confirmed = position
+            if self._replication is not None:
+                self._replication.nudge()
 
     def _refresh_status(self, conn: sa.Connection, through: int) -> None:
         now = time.monotonic()

@@ -1,7 +1,7 @@
 """Decoding PostgreSQL's ``pgoutput`` logical replication messages (protocol version 1).
 
-Log capture of PostgreSQL (``pg_log``) reads these messages from its slot with
-``pg_logical_slot_peek_binary_changes``; each row it returns is one message. Only what the
+Log capture of PostgreSQL (``pg_log``) streams these messages from its slot
+(``pg_stream``: each XLogData message of the replication protocol carries one). Only what the
 wrapper needs is decoded: transaction boundaries (xid, commit and end positions, commit
 time), relation descriptions, row changes and TRUNCATE. Values arrive in their text output
 form (``'t'``), or as NULL (``'n'``), or as "unchanged TOAST value, not sent" (``'u'``).
