@@ -92,7 +92,22 @@ def test_install_is_idempotent_and_uninstall_releases_the_slot(pg_log_url: str) 
     engine.dispose()
 
 
-def test_a_read_yields_committed_transactions_in_commit_order(pg_log_url: str) -> None:
+def rows_decoded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The rows a reader decodes from now on (old and new rows of every change)."""
+    decoded: list[dict[str, Any]] = []
+    row = pg_log._Table.row
+
+    def counting(self: Any, values: Any, old: Any) -> Any:
+        out = row(self, values, old)
+        if out is not None:
+            decoded.append(out)
+        return out
+
+    monkeypatch.setattr(pg_log._Table, "row", counting)
+    return decoded
+
+
+def test_a_read_yields_committed_transactions_in_commit_order(pg_log_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     url = pg_log_url
     run_sql(
         url,
@@ -141,9 +156,14 @@ def test_a_read_yields_committed_transactions_in_commit_order(pg_log_url: str) -
         key_change = transactions[2].rows[0]
         assert key_change.old is not None and key_change.new is not None
         assert (key_change.old["id"], key_change.new["id"]) == (2, 5)
-        # Resuming after a position skips what is before it; the slot moves only when confirmed.
-        assert read(engine, log, transactions[0].end).transactions == transactions[1:]
+        # Resuming after a position skips what is before it, without decoding its rows again
+        # (the peek still returns them until the slot is confirmed); the slot moves only when
+        # confirmed.
+        decoded = rows_decoded(monkeypatch)
         assert read(engine, log, first.through).transactions == []
+        assert decoded == []
+        assert read(engine, log, transactions[0].end).transactions == transactions[1:]
+        assert {row.get("id", row.get("x")) for row in decoded} == {1, 2, 5, 7}  # of transactions 1 and 2 only
         confirmed_before = slot_row(url)
         log.confirm(transactions[1].end)
         after_confirm = slot_row(url)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -65,6 +65,7 @@ _INSUFFICIENT_PRIVILEGE = "42501"
 CREATED_WAIT_SECONDS = 60.0
 IN_USE_WAIT_SECONDS = 5.0
 STATUS_EVERY_SECONDS = 1.0
+FETCH_MESSAGES = 1_000  # messages fetched from the slot at a time (a server-side cursor)
 # A transaction that writes WAL (a logical message no table holds) and so flushes it when it commits.
 FLUSH_TRANSACTION = (
     "BEGIN; SET LOCAL synchronous_commit = local; SELECT pg_logical_emit_message(true, 'pvm', ''); COMMIT"
@@ -492,32 +493,29 @@ class PgLog:
             wait = min(wait * 2, 0.02)
 
     def _decode(self, conn: sa.Connection, after: int, upto: int) -> list[LogTransaction]:
-        """The transactions with captured rows whose commit is in [after, upto), in log order."""
-        try:
-            result = conn.execute(
-                sa.text(
-                    "SELECT data FROM pg_logical_slot_peek_binary_changes(:slot, CAST(:upto AS pg_lsn), NULL, "
-                    "'proto_version', '1', 'publication_names', CAST(:publication AS text))"
-                ),
-                {"slot": self.slot, "upto": lsn_text(upto), "publication": self.slot},
-            )
-            messages = [pgoutput.decode(row[0]) for row in result]
-        except sa.exc.DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) == _OBJECT_IN_USE:
-                raise WrapperError(
-                    f"replication slot {self.slot!r} is in use by another process: {reason(exc)}"
-                ) from exc
-            raise
+        """The transactions with captured rows whose commit is in [after, upto), in log order.
+
+        The peek returns everything from the slot's restart position, at or before the
+        confirmed one: transactions captured already but not acknowledged yet (a large one
+        among them, while it ships) come again with every read. Their messages are decoded
+        as they arrive (``FETCH_MESSAGES`` at a time) and their rows not at all: a transaction
+        whose commit record starts before ``after`` ends at or before it (``after`` is where
+        a captured transaction ended, or a WAL insert position, never inside a record), so
+        it is one the rule at its Commit would pass over anyway."""
         relations: dict[int, pgoutput.Relation] = {}
         out: list[LogTransaction] = []
         begin: pgoutput.Begin | None = None
         rows: list[OutboxRow] = []
         problems: list[str] = []
-        for message in messages:
+        skipping = False
+        for message in self._messages(conn, upto):
             if isinstance(message, pgoutput.Begin):
                 begin, rows, problems = message, [], []
+                skipping = not after <= message.final_lsn < upto
             elif isinstance(message, pgoutput.Relation):
                 relations[message.relid] = message
+            elif skipping:
+                continue
             elif isinstance(message, pgoutput.Change):
                 assert begin is not None, "a change outside of a transaction"
                 relation = relations[message.relid]
@@ -547,6 +545,28 @@ class PgLog:
                         out.append(LogTransaction(str(begin.xid), message.end_lsn, tuple(rows), message.committed_at))
                 begin = None
         return out
+
+    def _messages(self, conn: sa.Connection, upto: int) -> Iterator[pgoutput.Message]:
+        """The slot's messages up to ``upto``, decoded as they are fetched (the server runs
+        the peek at the first fetch: a slot in use is refused there)."""
+        try:
+            result: sa.CursorResult[bytes] = conn.execute(
+                sa.text(
+                    "SELECT data FROM pg_logical_slot_peek_binary_changes(:slot, CAST(:upto AS pg_lsn), NULL, "
+                    "'proto_version', '1', 'publication_names', CAST(:publication AS text))"
+                ),
+                {"slot": self.slot, "upto": lsn_text(upto), "publication": self.slot},
+                execution_options={"yield_per": FETCH_MESSAGES},
+            )
+            with result:
+                for (data,) in result:
+                    yield pgoutput.decode(data)
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == _OBJECT_IN_USE:
+                raise WrapperError(
+                    f"replication slot {self.slot!r} is in use by another process: {reason(exc)}"
+                ) from exc
+            raise
 
     def confirm(self, position: int) -> None:
         with self._engine.connect() as conn:
