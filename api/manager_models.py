@@ -85,6 +85,11 @@ class WrapperHealth(BaseModel):
         default=None,
         description="captured rows left out because the views cannot take them: count, per relation, last reason",
     )
+    held: dict[str, Any] | None = Field(
+        default=None,
+        description="changes the wrapper holds in memory while it captures and ships updates (now, and the most "
+        "since it started), and its part limits",
+    )
 
 
 class UnfinishedUpdate(BaseModel):

@@ -62,6 +62,19 @@ class Quarantine(BaseModel):
     last: QuarantinedRow | None = None
 
 
+class Held(BaseModel):
+    """Changes of updates the wrapper holds in memory: while it captures them (a read turned
+    into parts) and while it ships them (a part, or a post of whole updates), each at most
+    ``part_changes`` (docs/capture.md, "Updates of any size")."""
+
+    capturing: int = Field(description="changes held by capture now")
+    capturing_peak: int = Field(description="the most capture held at once since the wrapper started")
+    shipping: int = Field(description="changes held by shipping now")
+    shipping_peak: int = Field(description="the most shipping held at once since the wrapper started")
+    part_changes: int = Field(description="the most changes per part and per post (--part-changes)")
+    part_bytes: int = Field(description="the most bytes of changes as JSON per part and per post (--part-bytes)")
+
+
 class Health(BaseModel):
     ok: bool = Field(description="false while a loop is blocked or has stopped")
     source: str
@@ -78,6 +91,7 @@ class Health(BaseModel):
         default=None, description="set while capture keeps failing (3 tries in a row or more)"
     )
     quarantine: Quarantine = Field(default_factory=Quarantine)
+    held: Held
 
 
 class ColumnInfo(BaseModel):

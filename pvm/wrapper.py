@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from pvm import config_file
@@ -69,10 +70,11 @@ updates: every --poll-interval the wrapper reads, in one snapshot, everything co
 its previous read and ships it as ONE update: whole source transactions only (a transaction
 is never split), but all those one read sees are merged, so an update may hold several
 (PostgreSQL names the transaction, txid, when an update holds exactly one). A PostgreSQL
-backlog above 50,000 rows becomes several updates, cut between transactions only; SQLite and
-MariaDB name no transaction, so a read is one update however large. An update above 100,000
-changes is shipped in parts of one seq, which the manager puts together before any view sees
-it. Timestamp and snapshot capture make one
+backlog above --part-changes / 2 rows becomes several updates, cut between transactions only;
+SQLite and MariaDB name no transaction, so a read is one update however large. An update is
+read, stored and shipped in parts of one seq, at most --part-changes changes and --part-bytes
+bytes each, so the wrapper's memory does not grow with it; the manager puts the parts
+together before any view sees it. Timestamp and snapshot capture make one
 update of each pull (every change that pull saw); application capture merges the
 transactions posted since the previous read. While the manager is down, capture goes on
 (trigger changes wait in the outbox, pulls and application posts go into the replica) and
@@ -105,6 +107,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:,} and {high:,}, got {value:,}")
+        return value
+
+    return parse
 
 
 def _positive_float(text: str) -> float:
@@ -190,6 +202,8 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from contract.schemas import MAX_CHANGES_PER_UPDATE
+    from wrappers.parts import DEFAULT_PART_BYTES, DEFAULT_PART_CHANGES, MAX_PART_BYTES
     from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES
 
     parser.epilog = CAPTURE_HELP
@@ -228,6 +242,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how updates are posted to the manager: auto, batches of 100 changes or more as an Arrow update stream "
         "and smaller ones as JSON (JSON from the first refusal of a stream by a manager that does not read it); "
         "json, always JSON (default: auto)",
+    )
+    run_p.add_argument(
+        "--part-changes",
+        type=_int_between(2, MAX_CHANGES_PER_UPDATE),
+        default=DEFAULT_PART_CHANGES,
+        help="the most changes of an update the wrapper holds in memory while it captures or ships it: an update "
+        "of any size is read, stored and posted in parts of at most this many changes, and a post of whole "
+        f"updates carries at most as many; consecutive transactions merge into updates of half as many rows "
+        f"(default: {DEFAULT_PART_CHANGES:,})",
+    )
+    run_p.add_argument(
+        "--part-bytes",
+        type=_int_between(1, MAX_PART_BYTES),
+        default=DEFAULT_PART_BYTES,
+        help="the most bytes of changes, as JSON, in one part or post: keep it well under a MariaDB catalog's "
+        f"max_allowed_packet (default: {DEFAULT_PART_BYTES:,}, 8 MiB)",
     )
     run_p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     run_p.add_argument("--port", type=int, default=0, help="port to listen on; 0 picks a free one (default: 0)")
@@ -405,6 +435,7 @@ def _serve(args: argparse.Namespace) -> int:
     from api.wrapper_app import create_app
     from contract.file_modes import restrict_umask
     from pvm.http_server import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
+    from wrappers.parts import PartLimits
     from wrappers.state import default_state_dir
     from wrappers.wrapper import Wrapper, WrapperConfig
 
@@ -431,6 +462,7 @@ def _serve(args: argparse.Namespace) -> int:
         capture=capture,
         max_value_bytes=args.max_value_bytes,
         update_encoding=args.update_encoding,
+        part_limits=PartLimits(args.part_changes, args.part_bytes),
     )
     try:
         wrapper = Wrapper(config)

@@ -2,7 +2,8 @@
 
 It behaves like the real receiver where wrappers can tell: ``(source, seq)`` is idempotent,
 the acknowledgment covers the contiguous prefix and lists held seqs above a gap. It can
-refuse posts with 503 (``fail_posts`` next posts, or all while ``down``) and records every
+refuse posts with 503 (``fail_posts`` next posts, all while ``down``, or every part from index
+``refuse_parts_from`` on) and records every
 post, accepted or not, so tests can check what was sent and how often. An update in parts
 is put together as the receiver does (in order from part 0, which starts it afresh; 409
 otherwise) and stored whole with its last part. It reads a batch as JSON or as an update
@@ -29,6 +30,7 @@ class FakeManager:
         self.token = token
         self.fail_posts = fail_posts
         self.down = False
+        self.refuse_parts_from: int | None = None
         self.posts: list[UpdateBatch] = []
         self.streams = 0  # posts that came as update streams
         self.conflicts: list[tuple[int, Update, Update]] = []
@@ -60,6 +62,8 @@ class FakeManager:
                     return JSONResponse({"detail": "unavailable"}, status_code=503)
                 log = self._updates.setdefault(batch.source, {})
                 if len(batch.updates) == 1 and (part := batch.updates[0].part) is not None:
+                    if self.refuse_parts_from is not None and part.index >= self.refuse_parts_from:
+                        return JSONResponse({"detail": "unavailable"}, status_code=503)
                     held = self._parts.setdefault(batch.source, [])
                     update = batch.updates[0]
                     if update.seq in log:

@@ -11,7 +11,8 @@ from pvm.cli import main
 
 def test_bench_wire_times_both_formats_and_checks_the_rows(tmp_path, capsys) -> None:
     out = tmp_path / "wire.json"
-    assert main(["bench", "wire", "--rows", "1,40", "--repeat", "2", "--ship", "150", "--json", str(out)]) == 0
+    argv = ["bench", "wire", "--rows", "1,40", "--repeat", "2", "--ship", "150", "--json", str(out)]
+    assert main([*argv, "--captured", "150", "--wrapper-args", "--part-changes 40"]) == 0
     figures = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     assert [r["rows"] for r in figures["runs"]] == [1, 40]
@@ -28,8 +29,15 @@ def test_bench_wire_times_both_formats_and_checks_the_rows(tmp_path, capsys) -> 
     assert shipped["changes"] == 150 and shipped["stream"]["stream"] and not shipped["json"]["stream"]
     assert shipped["stream"]["bytes"] < shipped["json"]["bytes"]
     assert shipped["stream_over_json"] == round(shipped["stream"]["seconds"] / shipped["json"]["seconds"], 3)
+    (captured,) = figures["captured"]  # one transaction of 150 rows, captured by a wrapper process, in 4 parts
+    assert captured["changes"] == 150 and captured["acknowledged_s"] > 0 and figures["wrapper_args"]
+    assert 0 < captured["held"]["capturing_peak"] <= 40 and 0 < captured["held"]["shipping_peak"] <= 40
+    assert captured["wrapper"]["peak_mib"] >= captured["wrapper"]["start_mib"] > 0
+    assert (
+        captured["wrapper"]["hwm_mib"] >= captured["wrapper"]["peak_mib"] - 1 and captured["manager"]["start_mib"] > 0
+    )
     out = capsys.readouterr().out
-    assert "Arrow/JSON" in out and "stream/JSON" in out
+    assert "Arrow/JSON" in out and "stream/JSON" in out and "captured and shipped by a wrapper process" in out
 
 
 def test_the_rows_are_every_kind_of_value_a_source_hands_out() -> None:
@@ -41,6 +49,8 @@ def test_bad_sizes_are_refused(capsys) -> None:
     assert main(["bench", "wire", "--rows", "ten"]) == 2
     assert main(["bench", "wire", "--repeat", "0"]) == 2
     assert main(["bench", "wire", "--ship", "0"]) == 2
+    assert main(["bench", "wire", "--captured", "x"]) == 2
     err = capsys.readouterr().err
     assert "--rows takes comma-separated row counts, not 'ten'" in err and "--repeat must be at least 1" in err
     assert "--ship takes comma-separated change counts (at least 1) or 'none', not '0'" in err
+    assert "--captured takes comma-separated change counts (at least 1) or 'none', not 'x'" in err

@@ -59,7 +59,7 @@ def test_outbox_holds_committed_changes_only(maria_url: str) -> None:
         b.exec_driver_sql("DELETE FROM r WHERE id = 1")
         b.rollback()
     snapshot = capture.begin_snapshot(engine)
-    rows = capture.read_outbox(snapshot, 0)
+    rows = list(capture.read_outbox(snapshot, 0))
     snapshot.close()
     assert [(r.op, r.relation) for r in rows] == [("I", "r"), ("I", "r"), ("U", "r")]
     assert rows[0].new == {"id": 1, "b": 10, "n": 1.5, "d": "2024-02-29", "v": "it's"}

@@ -55,7 +55,7 @@ def test_outbox_holds_committed_transactions_in_an_order_they_could_commit_in(pg
         b.exec_driver_sql("INSERT INTO r VALUES (2, 20, 2, NULL, false)")  # id 2
         snapshot = capture.begin_snapshot(engine)
         b.commit()
-        assert capture.read_outbox(snapshot, 0) == []  # a snapshot shows what committed before it
+        assert list(capture.read_outbox(snapshot, 0)) == []  # a snapshot shows what committed before it
         snapshot.close()
         a.exec_driver_sql("UPDATE r SET b = 11 WHERE id = 1")  # id 3
         b.exec_driver_sql("INSERT INTO r VALUES (3, 30, NULL, NULL, NULL)")  # id 4, rolled back
@@ -64,7 +64,7 @@ def test_outbox_holds_committed_transactions_in_an_order_they_could_commit_in(pg
     with engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE r")
     snapshot = capture.begin_snapshot(engine)
-    rows = capture.read_outbox(snapshot, 0)
+    rows = list(capture.read_outbox(snapshot, 0))
     snapshot.close()
     assert [(r.id, r.op) for r in rows] == [(2, "I"), (1, "I"), (3, "U"), (5, "D"), (6, "D")]
     assert rows[1].txid == rows[2].txid != rows[0].txid and rows[3].txid == rows[4].txid

@@ -175,7 +175,7 @@ class FakeWrapper:
     def __init__(self, method: str) -> None:
         from fastapi import FastAPI
 
-        from api.wrapper_app import Health
+        from api.wrapper_app import Health, Held
 
         app = FastAPI()
 
@@ -194,6 +194,9 @@ class FakeWrapper:
                 acked_through=0,
                 pending=0,
                 capture={"method": method},
+                held=Held(
+                    capturing=0, capturing_peak=0, shipping=0, shipping_peak=0, part_changes=100_000, part_bytes=1 << 23
+                ),
             )
             return report.model_dump()
 

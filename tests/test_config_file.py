@@ -225,6 +225,8 @@ def test_required_options_are_still_required(tmp_path: Path) -> None:
         ("application-token = 12345\n", "application-token: a secret is not read"),
         (f'url = "postgresql://shop:{PASSWORD}@db/shop"\n', "url: a URL with a password is not read"),
         ("max_value_bytes = 0\n", "max_value_bytes: must be at least 1, got 0"),
+        ("part_changes = 1\n", "part_changes: must be between 2 and 100,000, got 1"),
+        ("part_bytes = 40000000\n", "part_bytes: must be between 1 and 33,554,432, got 40,000,000"),
         ("poll_interval = -1\n", "poll_interval: must be positive, got -1"),
         ('key = ["orders"]\n', "key: expected TABLE=VALUE, got 'orders'"),
         ('capture = "triggers"\n', "capture: invalid choice: 'triggers'"),

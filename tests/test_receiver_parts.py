@@ -37,8 +37,9 @@ from warehouse.catalog.db import (
     content_digest,
 )
 from warehouse.catalog.models import LogPartRow, StagedPartRow
+from warehouse.catalog.statement_size import StatementTooLarge
 from warehouse.manager import Manager
-from warehouse.receiver import PartRefused
+from warehouse.receiver import PartRefused, TooLarge
 from warehouse.store.memory import MemoryStore
 
 TABLES = {"a": {"R": ("k", "v TEXT")}, "b": {"S": ("k", "w")}}
@@ -151,6 +152,38 @@ def test_what_a_source_stages_is_one_update_and_never_left_behind(catalog: Catal
     assert staged_rows(catalog.engine) == []
 
 
+def packet_of(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_a_part_too_large_for_one_mariadb_statement_is_refused_before_it_is_sent(mariadb_catalog: str) -> None:
+    """MariaDB refuses a statement beyond ``max_allowed_packet`` and drops the connection: the
+    catalog measures the changes' JSON as the driver would send them and refuses a part (or
+    an update) that cannot fit, naming the sizes, with nothing staged or logged."""
+    packet = packet_of(mariadb_catalog)
+    cat = Catalog(mariadb_catalog)
+    cat.add_source("a", "http://a", "trigger", [RelationInfo("a", "R", ("k", "v"), ("INTEGER", "TEXT"), ())])
+    try:
+        wide = changes(range(packet // 1000 + 100), "w" * 1000)  # just beyond the packet
+        with pytest.raises(StatementTooLarge, match=f"max_allowed_packet {packet:,} bytes") as refused:
+            cat.stage_part("a", StagedPart(1, 0, wide, None, None))
+        assert packet < refused.value.size < packet * 1.2
+        with pytest.raises(StatementTooLarge):
+            cat.append_updates("a", [NewUpdate(1, wide, None, None, content_digest(wide))])
+        assert cat.staged("a") is None and cat.log_entries("a", 0) == []
+        half = len(wide) // 2  # the same changes in two parts fit, on the connections as they were
+        assert cat.stage_part("a", StagedPart(1, 0, wide[:half], None, None))
+        assert cat.log_staged("a", StagedPart(1, 1, wide[half:], None, None), content_digest(wide)) is not None
+        assert len(cat.log_entries("a", 0)[0].changes) == len(wide)
+    finally:
+        cat.close()
+
+
 # -- the manager ----------------------------------------------------------------------------------
 
 
@@ -224,6 +257,27 @@ async def test_an_update_of_many_parts_is_staged_then_logged_acknowledged_and_se
         await manager.wait_idle("v", timeout=60)
         assert manager.view("v").maintainer.counters.updates_read_back == 1
         assert await check_view(manager, "v", sources, check_history=True) == []
+    finally:
+        await manager.stop()
+
+
+async def test_a_part_its_mariadb_catalog_cannot_take_is_answered_413(tmp_path: Path, mariadb_catalog: str) -> None:
+    """The receiver's answer to a part (or a whole update) beyond the catalog's statement
+    bound: 413, naming the seq, the part and the remedy; what was staged stays."""
+    manager, sources = await defined(tmp_path, catalog_url=mariadb_catalog)
+    try:
+        n = packet_of(mariadb_catalog) // 1000 + 100
+        assert (await manager.receive("a", [part_of(1, 0, False, range(3))])).parts == 1
+        with pytest.raises(TooLarge, match=r"part 1 of update seq 1 of source 'a': .* --part-bytes") as refused:
+            await manager.receive("a", [part_of(1, 1, False, range(3, n), v="w" * 1000)])
+        assert refused.value.status == 413
+        assert manager.receiver.status("a").unfinished == (1, 1, 3)  # part 0 is still staged
+        wide = [Change(relation="R", sign=1, row={"k": k, "v": "w" * 1000}) for k in range(n)]
+        with pytest.raises(TooLarge, match="update seq 2 of source 'a'"):
+            await manager.receive("a", [Update(seq=2, changes=wide)])
+        assert await manager.db(Catalog.log_entries, "a", 0) == []
+        ack = await manager.receive("a", [part_of(1, 1, True, range(3, 6))])
+        assert ack.through == 1
     finally:
         await manager.stop()
 

@@ -72,6 +72,7 @@ async def test_a_sqlite_source_with_infinities_and_unfit_rows(tmp_path: Path) ->
             assert health["ok"] is True and health["blocked"] is None
             assert health["quarantine"]["rows"] == 2 and health["quarantine"]["by_relation"] == {"items": 2}
             assert health["quarantine"]["last"]["reason"] == "a text value in a column declared REAL"
+            assert health["held"]["part_changes"] == 100_000 and health["held"]["capturing_peak"] > 0  # passed on
             with sqlite3.connect(path) as db:
                 db.execute("INSERT INTO items VALUES (8, -9e999, 'h')")
                 db.execute("DROP TABLE _pvm_outbox")  # capture cannot go on

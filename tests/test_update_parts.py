@@ -1,7 +1,6 @@
 """A source transaction larger than one message is one update, one seq, shipped in parts.
 
-A real wrapper (trigger capture on SQLite, in this process so that the part size can be
-lowered to ``PART`` changes) ships to a real manager over HTTP. Every transaction writes a
+A real wrapper (trigger capture on SQLite, in this process, its parts of ``PART`` changes) ships to a real manager over HTTP. Every transaction writes a
 whole batch of ``ROWS`` rows (insert, update or delete all of them), so every state the
 source passes through has each batch whole and of one value: the manager's log holds each
 such transaction in one update, and the view as of every watermark equals recomputation
@@ -17,20 +16,21 @@ import re
 import secrets
 import sqlite3
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
 import wrappers.shipper as shipper
-import wrappers.wrapper as wrapper_module
 from api.wrapper_app import create_app as create_wrapper_app
 from contract.zset import ZSet
 from pvm.http_server import http_url, listen, start_serving, uvicorn_server
 from pvm.local_deployment import LocalDeployment
+from pvm.wrapper_process import WrapperProcess, start_wrapper
 from tests.capture_support import run_sql
 from tests.fake_manager import FakeManager
 from warehouse.catalog.db import Catalog, LogEntry
@@ -38,20 +38,17 @@ from warehouse.recompute import recompute
 from warehouse.store.memory import MemoryStore
 from wrappers.capture import CaptureConfig
 from wrappers.capture.snapshots import SnapshotOptions
+from wrappers.parts import PartLimits
 from wrappers.replica import RowChange
 from wrappers.wrapper import Wrapper, WrapperConfig
 
 SOURCE, TABLE = "sa", "R"
 COLUMNS = {(SOURCE, TABLE): ("id", "batch", "v")}
 VIEW = "SELECT R.id, R.batch, R.v FROM sa.R WHERE R.v >= 0"
-PART = 40  # changes per message
+PART = 40  # changes per part
+LIMITS = PartLimits(changes=PART)
 ROWS = 150  # rows a transaction writes: 4 parts as inserts or deletes, 8 as updates (-old, +new)
 SMALL = 100  # batches from here on are single rows, written by small transactions
-
-
-@pytest.fixture(autouse=True)
-def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shipper, "PART_CHANGES", PART)
 
 
 def make_source(path: Path) -> None:
@@ -102,6 +99,7 @@ async def wrapper_served(deployment: LocalDeployment, path: Path, state_dir: Pat
         token=await deployment.wrapper_token(SOURCE),
         state_dir=state_dir,
         poll_interval=0.02,
+        part_limits=LIMITS,
     )
     wrapper = Wrapper(config)
     sock = listen("127.0.0.1", 0)
@@ -184,7 +182,7 @@ async def test_a_transaction_larger_than_a_part_is_one_update_and_never_seen_in_
             for action, batch in [("insert", 2), ("update", 1), ("insert", 3), ("delete", 0), ("update", 2)]:
                 await asyncio.to_thread(write, path, action, batch)
                 await asyncio.sleep(0.05)  # some reads see one transaction, some several
-            await until_shipped(deployment, wrapper)
+            await until_shipped(deployment, wrapper, path)
             await deployment.manager.wait_idle("v", timeout=60)
 
             log = await deployment.manager.db(Catalog.log_entries, SOURCE, 0)
@@ -192,10 +190,20 @@ async def test_a_transaction_larger_than_a_part_is_one_update_and_never_seen_in_
             assert all(len(e.changes) >= ROWS for e in log), [len(e.changes) for e in log]
             assert any(len(e.changes) > 2 * PART for e in log)
             assert taken and all(taken[e.seq] >= -(-len(e.changes) // PART) for e in log)  # each came in parts
+            assert_held_within_a_part(wrapper, max(len(e.changes) for e in log))
             assert await check_states(deployment, initial) == deployment.manager.watermark("v") > 1
             final = deployment.manager.read("v")
             assert final == recompute(deployment.manager.view("v").plan, read_live(path), COLUMNS)
     assert (len(streams) >= len(log)) if encoding == "stream" else not streams
+
+
+def assert_held_within_a_part(wrapper: Wrapper, largest: int) -> None:
+    """The wrapper held at most a part's changes while it captured, and while it shipped, the
+    largest update (of ``largest`` changes, several parts) included; nothing now."""
+    held = wrapper.health()["held"]
+    assert largest > 2 * PART and held["part_changes"] == PART
+    assert 0 < held["capturing_peak"] <= PART and 0 < held["shipping_peak"] <= PART, held
+    assert held["capturing"] == held["shipping"] == 0, held
 
 
 def streams_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -212,17 +220,22 @@ def streams_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
-async def until_shipped(deployment: LocalDeployment, wrapper: Wrapper, timeout: float = 30.0) -> None:
+async def until_shipped(deployment: LocalDeployment, wrapper: Wrapper, path: Path, timeout: float = 30.0) -> None:
+    """Until every change committed in the source at ``path`` is acknowledged: its outbox is
+    empty (rows are deleted once acknowledged) and the manager has every seq assigned."""
     deadline = asyncio.get_running_loop().time() + timeout
-    stable = 0
-    while stable < 3:
+    while not (
+        outbox_rows(path) == 0
+        and wrapper.state.last_seq == deployment.manager.receiver.released_through(SOURCE)
+        and not wrapper.state.has_pending
+    ):
         assert asyncio.get_running_loop().time() < deadline, wrapper.health()
-        done = (
-            wrapper.state.last_seq == deployment.manager.receiver.released_through(SOURCE)
-            and not wrapper.state.has_pending
-        )
-        stable = stable + 1 if done else 0
         await asyncio.sleep(0.05)
+
+
+def outbox_rows(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT count(*) FROM _pvm_outbox").fetchone()[0])
 
 
 async def test_parts_outlive_a_manager_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,7 +277,7 @@ async def test_parts_outlive_a_manager_restart(tmp_path: Path, monkeypatch: pyte
             deployment = await LocalDeployment(tmp_path, store=store, port=port).__aenter__()
             taken = parts_received(deployment)
             restarted.set()
-            await until_shipped(deployment, wrapper)
+            await until_shipped(deployment, wrapper, path)
             await deployment.manager.wait_idle("v", timeout=60)
 
             assert all(status == 200 for _, status in answers)  # part 2 continued what was staged
@@ -287,12 +300,11 @@ SERVERS = {"postgresql": "pg_url", "postgresql-log": "pg_log_url", "mariadb": "m
 @pytest.mark.servers
 @pytest.mark.parametrize("kind", list(SERVERS))
 async def test_a_large_transaction_of_a_server_is_one_update_in_parts(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Trigger and log capture of PostgreSQL and MariaDB: small transactions are merged into
-    updates of at most 30 rows here, a large one is never cut and travels in parts."""
+    updates of at most 20 rows here (half a part), a large one is never cut and travels in parts."""
     url = request.getfixturevalue(SERVERS[kind])
-    monkeypatch.setattr(wrapper_module, "_ROWS_PER_UPDATE", 30)
     run_sql(url, "CREATE TABLE big (id INTEGER PRIMARY KEY, grp INTEGER, v INTEGER)")
     engine = sa.create_engine(url)
 
@@ -311,6 +323,7 @@ async def test_a_large_transaction_of_a_server_is_one_update_in_parts(
             state_dir=tmp_path / "state",
             poll_interval=0.02,
             capture=CaptureConfig("log" if kind.endswith("-log") else "trigger"),
+            part_limits=LIMITS,
         )
         wrapper = Wrapper(config)
         await wrapper.start()
@@ -326,6 +339,7 @@ async def test_a_large_transaction_of_a_server_is_one_update_in_parts(
                 if not wrapper.state.has_pending and manager.through(SOURCE) == wrapper.state.last_seq:
                     break
                 await asyncio.sleep(0.05)
+            assert_held_within_a_part(wrapper, 2 * ROWS)
         finally:
             await wrapper.stop()
             engine.dispose()
@@ -374,7 +388,7 @@ async def test_a_large_pull_or_application_transaction_is_one_update_in_parts(tm
     with FakeManager() as manager:
         config = WrapperConfig(
             SOURCE, f"sqlite:///{path}", ("items",), manager.url, state_dir=tmp_path / "state",
-            poll_interval=0.02, capture=REPLICA_CAPTURE[method],
+            poll_interval=0.02, capture=REPLICA_CAPTURE[method], part_limits=LIMITS,
         )  # fmt: skip
         wrapper = Wrapper(config)
         await wrapper.start()
@@ -422,8 +436,9 @@ async def test_a_wrapper_that_restarts_mid_update_resends_it_from_the_first_part
 
         def config() -> WrapperConfig:
             return WrapperConfig(
-                SOURCE, f"sqlite:///{path}", (TABLE,), manager.url, state_dir=tmp_path / "state", poll_interval=0.02
-            )
+                SOURCE, f"sqlite:///{path}", (TABLE,), manager.url, state_dir=tmp_path / "state", poll_interval=0.02,
+                part_limits=LIMITS,
+            )  # fmt: skip
 
         first = Wrapper(config())
         await first.start()
@@ -445,3 +460,114 @@ async def test_a_wrapper_that_restarts_mid_update_resends_it_from_the_first_part
     [update] = manager.updates(SOURCE)
     assert len(update.changes) == 2 * ROWS and manager.conflicts == []
     assert sorted(c.row["v"] for c in update.changes if c.sign > 0) == [1] * ROWS
+
+
+async def test_parts_and_posts_are_cut_by_bytes_as_well(tmp_path: Path) -> None:
+    """With a byte limit far below a part's changes, parts and posts of whole updates stop at
+    that many bytes of JSON: an update is still one seq, and a post several whole updates."""
+    path = tmp_path / "wide.db"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE w (id INTEGER PRIMARY KEY, note TEXT)")
+
+    def insert(ids: range) -> None:
+        with sqlite3.connect(path) as db:
+            db.executemany("INSERT INTO w VALUES (?, ?)", [(i, "n" * 100) for i in ids])
+
+    limits = PartLimits(changes=1000, bytes=2048)
+    sizes: list[tuple[int, int]] = []  # (updates, bytes of their changes) of every post
+    with FakeManager() as manager:
+        config = WrapperConfig(
+            SOURCE, f"sqlite:///{path}", ("w",), manager.url, state_dir=tmp_path / "state", poll_interval=0.02,
+            part_limits=limits,
+        )  # fmt: skip
+        wrapper = Wrapper(config)
+        try:
+            insert(range(200))  # one update of about 30 KB: in parts
+            wrapper._capture_now()
+            for k in range(12):  # small updates, pending before anything ships
+                insert(range(1000 + 3 * k, 1003 + 3 * k))
+                wrapper._capture_now()
+            await wrapper.start()
+            await asyncio.to_thread(manager.wait_through, SOURCE, 13, 30)
+        finally:
+            await wrapper.stop()
+        for batch in manager.posts:
+            sizes.append((len(batch.updates), sum(len(_changes_json(u.changes)) for u in batch.updates)))
+        [large, *small] = manager.updates(SOURCE)
+        whole_posts = [len(b.updates) for b in manager.posts if b.updates[0].part is None]
+    parts = [u for b in manager.posts for u in b.updates if u.part is not None]
+    assert len(large.changes) == 200 and len(small) == 12 and manager.conflicts == []
+    assert len(parts) >= 200 * 140 // 2048 and all(len(p.changes) < 1000 for p in parts)  # cut by bytes
+    assert all(size <= 2048 for _, size in sizes)
+    assert max(whole_posts) > 1 and sum(whole_posts) >= 12  # several whole updates to a post, within the bytes
+    assert wrapper.health()["held"]["shipping_peak"] <= max(len(p.changes) for p in parts)
+
+
+def _changes_json(changes: list[Any]) -> bytes:
+    return b"[" + b",".join(c.model_dump_json().encode() for c in changes) + b"]"
+
+
+async def test_a_wrapper_killed_while_it_captures_or_ships_an_update_resumes_it(tmp_path: Path) -> None:
+    """A wrapper process killed (SIGKILL) while it writes a large update's parts to its state,
+    and again while it ships them: each restart goes on from what the state recorded (the
+    unrecorded parts dropped and the outbox read again; the recorded update resent from its
+    part 0), and the manager gets the update once, whole."""
+    path = tmp_path / "sa.db"
+    make_source(path)
+    rows, part = 20_000, 200
+    state = tmp_path / "state" / f"{SOURCE}.state.sqlite3"
+    with FakeManager() as manager:
+
+        def start() -> WrapperProcess:
+            return start_wrapper(
+                SOURCE, f"sqlite:///{path}", [TABLE], manager.url, state_dir=tmp_path / "state",
+                poll_interval=0.02, capture_args=["--part-changes", str(part)], log_path=tmp_path / "wrapper.log",
+            )  # fmt: skip
+
+        first = start()
+        try:
+            manager.refuse_parts_from = 3
+            with sqlite3.connect(path) as db:  # one transaction of 20,000 rows: 100 parts
+                db.executemany(f"INSERT INTO {TABLE} VALUES (?, 7, 7)", [(10_000 + i,) for i in range(rows)])
+            await until(lambda: state_counts(state)[1] > 0)  # capture is writing its parts
+        finally:
+            first.kill()
+        recorded, parts_written = state_counts(state)
+        assert recorded == 0 and parts_written > 0  # killed before the update was recorded
+
+        second = start()
+        try:
+            await until(lambda: manager.parts_held(SOURCE) == 3, timeout=120)  # parts 0-2 taken, 3 refused
+        finally:
+            second.kill()
+        assert manager.through(SOURCE) == 0
+
+        manager.refuse_parts_from = None
+        with start() as third:
+            await asyncio.to_thread(manager.wait_through, SOURCE, 1, 120)
+            await until(lambda: outbox_rows(path) == 0)
+            health = httpx.get(f"{third.url}/v1/health").json()
+    [update] = manager.updates(SOURCE)
+    assert sorted(c.row["id"] for c in update.changes) == [10_000 + i for i in range(rows)]
+    assert {c.sign for c in update.changes} == {1} and manager.conflicts == []
+    firsts = [u.part.index for b in manager.posts for u in b.updates if u.part is not None].count(0)
+    assert firsts >= 2  # the second wrapper and the third each began at part 0
+    assert health["last_seq"] == health["acked_through"] == 1 and health["pending"] == 0
+    assert health["held"]["capturing_peak"] <= part and health["held"]["shipping_peak"] <= part
+
+
+def state_counts(state: Path) -> tuple[int, int]:
+    """(updates recorded, parts written) in a wrapper's state file."""
+    with sqlite3.connect(state) as db:
+        return (
+            int(db.execute("SELECT count(*) FROM pending").fetchone()[0]),
+            int(db.execute("SELECT count(*) FROM parts").fetchone()[0]),
+        )
+
+
+async def until(done: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)

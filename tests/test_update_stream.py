@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import wrappers.shipper as shipper
 from api.ingest import read_batch, read_stream
 from contract.relation_snapshot import SnapshotWriter, snapshot_schema
 from contract.schemas import INT64_MAX, NAN, Change, Update, UpdateBatch, UpdatePart
@@ -30,6 +29,7 @@ from contract.update_stream import (
 )
 from tests.api_support import api_env
 from warehouse.catalog.db import Catalog, content_digest
+from wrappers.parts import UpdateHead
 from wrappers.shipper import Shipper, uses_stream
 
 STREAM = {"content-type": UPDATE_STREAM_CONTENT_TYPE}
@@ -133,14 +133,20 @@ async def test_the_manager_takes_a_stream_as_it_takes_json(env) -> None:
     assert r.status_code == 403, r.text  # the token of another source
 
 
-async def test_parts_ship_as_streams_and_are_logged_whole(env, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shipper, "PART_CHANGES", 40)
+async def test_parts_ship_as_streams_and_are_logged_whole(env) -> None:
     posted: list[str] = []
+    (update,) = updates_of(150)
+    parts = [update.changes[i : i + 40] for i in range(0, 150, 40)]
+
+    async def read_part(index: int) -> list[Change]:
+        return parts[index]
+
     async with httpx.AsyncClient(transport=env.client._transport, base_url="http://pvm.test") as client:
         client.event_hooks["request"] = [lambda request: _record(posted, request)]
         ship = Shipper("a", "http://pvm.test", client, env.tokens["wrapper_a"], arrow_from=1)
-        (update,) = updates_of(150)
-        assert await ship.send_parts(update, last_seq=1) == 1
+        head = UpdateHead(update.seq, update.txid, update.captured_at, len(parts), 150, 0)
+        assert await ship.send_parts(head, read_part, last_seq=1) == 1
+        assert (ship.held.now, ship.held.peak) == (0, 40)  # one part at a time
     assert posted == [UPDATE_STREAM_CONTENT_TYPE] * 4
     (entry,) = await env.manager.db(Catalog.log_entries, "a", 0)
     assert entry.changes == [c.model_dump() for c in update.changes]

@@ -68,7 +68,7 @@ def test_outbox_holds_committed_changes_only(tmp_path: Path) -> None:
         ("r", "D", {"id": 1, "b": 10, "v": "b"}, None),
     ]
     with engine.connect() as conn:
-        rows = capture.read_outbox(conn, after=1)
+        rows = list(capture.read_outbox(conn, after=1))
     assert [(r.op, r.id) for r in rows] == [("U", 2), ("D", 3)]
     capture.delete_outbox(engine, through=2)
     assert [op for _, op, _, _ in outbox(path)] == ["D"]
@@ -99,11 +99,11 @@ def test_snapshot_does_not_see_later_commits(tmp_path: Path) -> None:
     conn = capture.begin_snapshot(engine)
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO r VALUES (1, 1, 'late')")
-    assert capture.read_outbox(conn, 0) == []
+    assert list(capture.read_outbox(conn, 0)) == []
     assert conn.execute(sa.text("SELECT count(*) FROM r")).scalar_one() == 0
     conn.close()
     with engine.connect() as fresh:
-        assert len(capture.read_outbox(fresh, 0)) == 1
+        assert len(list(capture.read_outbox(fresh, 0))) == 1
     engine.dispose()
 
 

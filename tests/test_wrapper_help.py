@@ -35,7 +35,8 @@ def test_help_states_the_ts_limits_and_the_transaction_grouping(
     assert "whole source transactions only (a transaction is never split)" in text
     assert "all those one read sees are merged, so an update may hold several" in text
     assert "cut between transactions only" in text and "however large" in text
-    assert "shipped in parts of one seq" in text
+    assert "shipped in parts of one seq, at most --part-changes changes and --part-bytes bytes each" in text
+    assert "the wrapper's memory does not grow with it" in text
     assert "While the manager is down, capture goes on" in text
 
 
@@ -45,5 +46,5 @@ def test_the_docs_say_the_same() -> None:
     assert "one read shows whole committed transactions only, and all of them become one update" in docs
     assert "a source transaction is never split" in docs
     assert "cut between transactions only" in docs and "a read is one update however large" in docs
-    assert "the wrapper ships it in parts" in docs
+    assert "the wrapper stores and ships it in parts" in docs and "## Updates of any size" in docs
     assert "one source transaction per update" not in docs

@@ -165,4 +165,4 @@ def test_a_pull_that_fails_after_changing_the_replica_is_captured(wrapper: Wrapp
         asyncio.run(wrapper.pull_once())
     assert wrapper.state.last_seq == 1
     [update] = wrapper.state.pending(10)
-    assert [(c.sign, c.row["id"]) for c in update.changes] == [(1, 500)]
+    assert [(c.sign, c.row["id"]) for c in wrapper.state.part(update.seq, 0)] == [(1, 500)]

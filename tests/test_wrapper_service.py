@@ -128,6 +128,10 @@ def test_changes_ship_in_order_with_signs_and_leave_the_outbox(db: Path, manager
         assert health == {
             "ok": True, "source": SOURCE, "last_seq": 3, "shipped_through": 3, "acked_through": 3, "pending": 0,
             "capture": {"method": "trigger"}, "blocked": None, "quarantine": {"rows": 0, "by_relation": {}, "last": None},
+            "held": {
+                "capturing": 0, "capturing_peak": 2, "shipping": 0, "shipping_peak": 2,
+                "part_changes": 100_000, "part_bytes": 8 << 20,
+            },
         }  # fmt: skip
         schema = httpx.get(f"{wrapper.url}/v1/schema").json()
         assert schema["tables"]["r"] == {

@@ -11,7 +11,8 @@ import pytest
 from contract.schemas import Change, Interest, RelationInterest
 from wrappers.capture import sqlite as capture
 from wrappers.errors import WrapperError
-from wrappers.state import WrapperState
+from wrappers.parts import PartCutter, PartLimits, UpdateHead
+from wrappers.state import StoredUpdate, WrapperState
 from wrappers.wrapper import Wrapper, WrapperConfig
 
 
@@ -19,11 +20,25 @@ def change(i: int) -> list[Change]:
     return [Change(relation="r", sign=1, row={"id": i})]
 
 
+def record(state: WrapperState, changes: list[Change], outbox_through: int) -> int | None:
+    """Capture ``changes`` as the next update (its parts, then its record), as capture does."""
+    if not changes:
+        return state.record(None, outbox_through)
+    cutter = PartCutter(PartLimits(changes=2))
+    parts = cutter.add(changes)
+    parts += [p for p in [cutter.cut()] if p is not None]
+    seq = state.last_seq + 1
+    for index, part in enumerate(parts):
+        state.write_part(seq, index, part.text)
+    size = sum(len(p.text) for p in parts)
+    return state.record(UpdateHead(seq, None, 1.5, len(parts), len(changes), size), outbox_through)
+
+
 def test_seqs_pending_and_acks_survive_a_restart(tmp_path: Path) -> None:
     state = WrapperState(tmp_path, "shop")
-    assert state.record(change(1), outbox_through=3) == 1
-    assert state.record([], outbox_through=5) is None  # filtered away: no seq
-    assert state.record(change(2), outbox_through=7) == 2
+    assert record(state, change(1), outbox_through=3) == 1
+    assert record(state, [], outbox_through=5) is None  # filtered away: no seq
+    assert record(state, change(2) + change(3) + change(4), outbox_through=7) == 2
     assert state.deletable_through() == 0  # update 1 (outbox 1..3) is not acknowledged
     state.ack(1)
     assert state.deletable_through() == 5  # update 2 covers outbox 6..7
@@ -35,6 +50,7 @@ def test_seqs_pending_and_acks_survive_a_restart(tmp_path: Path) -> None:
     again = WrapperState(tmp_path, "shop")
     assert (again.last_seq, again.acked_through, again.captured_through) == (2, 1, 7)
     assert again.pending(10) == before and [u.seq for u in before] == [2]
+    assert [again.part(2, i) for i in range(before[0].parts)] == [change(2) + change(3), change(4)]
     assert again.has_pending
     assert again.interest == interest
     again.ack(2)
@@ -49,13 +65,49 @@ def test_has_pending_agrees_with_pending(tmp_path: Path) -> None:
     state = WrapperState(tmp_path, "shop")
     assert not state.has_pending
     for i in range(1, 5):
-        state.record(change(i), outbox_through=i)
-        state.record([], outbox_through=i)  # filtered away: nothing more to ship
+        record(state, change(i), outbox_through=i)
+        record(state, [], outbox_through=i)  # filtered away: nothing more to ship
         assert state.has_pending == bool(state.pending(10))
     for through in (1, 3, 4):
         state.ack(through)
         assert state.has_pending == bool(state.pending(10)) == (through < 4)
     state.close()
+
+
+def test_parts_of_a_capture_never_recorded_are_dropped(tmp_path: Path) -> None:
+    """A wrapper that stops (or a read that fails) while it writes an update's parts leaves
+    them under a seq it never assigned: the next capture, and the next start, drop them."""
+    state = WrapperState(tmp_path, "shop")
+    record(state, change(1), outbox_through=1)
+    state.write_part(2, 0, b'[{"relation":"r","sign":1,"row":{"id":99}}]')  # then the capture failed
+    state.drop_unrecorded()
+    assert record(state, change(2), outbox_through=2) == 2
+    assert [state.part(2, 0)] == [change(2)]
+    state.write_part(3, 0, b'[{"relation":"r","sign":1,"row":{"id":99}}]')  # then the wrapper stopped
+    state.close()
+    again = WrapperState(tmp_path, "shop")
+    assert [h.seq for h in again.pending(10)] == [1, 2]
+    with pytest.raises(WrapperError, match="part 0 of pending update seq 3 is missing"):
+        again.part(3, 0)
+    again.close()
+
+
+def test_whole_updates_an_earlier_version_kept_are_cut_into_parts(tmp_path: Path) -> None:
+    """Pending updates of an earlier version's state (each whole in its row) ship in parts."""
+    state = WrapperState(tmp_path, "shop")
+    state.close()
+    whole = StoredUpdate(seq=1, changes=[c for i in range(5) for c in change(i)], txid="7", captured_at=2.0)
+    with sqlite3.connect(tmp_path / "shop.state.sqlite3") as db:
+        db.execute("INSERT INTO pending VALUES (1, ?, 0, 9)", (whole.model_dump_json(),))
+        db.execute("INSERT INTO meta VALUES ('last_seq', '1')")
+    again = WrapperState(tmp_path, "shop", PartLimits(changes=2))
+    [head] = again.pending(10)
+    assert (head.seq, head.txid, head.captured_at, head.parts, head.changes) == (1, "7", 2.0, 3, 5)
+    assert [c for i in range(3) for c in again.part(1, i)] == whole.changes
+    again.close()
+    third = WrapperState(tmp_path, "shop")
+    assert third.pending(10) == [head] and third.part(1, 2) == whole.changes[4:]  # cut once
+    third.close()
 
 
 def test_one_wrapper_per_state_and_source(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@
   always starts the update afresh, dropping what the source staged (a wrapper that restarted
   resends from it), and part 0 of a seq already received is acknowledged and ignored like a
   resent update. A part of another seq, a txid other than part 0's, or a part of a seq
-  already complete (other than part 0) is refused (PartRefused, 409; ReceiveError, 422).
+  already complete (other than part 0) is refused (PartRefused, 409; ReceiveError, 422). A
+  part (or a whole update) larger than the catalog's database takes in one statement (a
+  MariaDB catalog's ``max_allowed_packet``) is refused before it is sent (TooLarge, 413).
 * Large updates by name: an update logged from parts is never read back whole here. It is
   released as a ``LogRef`` (its seq and log id): each view queues it in the update log only,
   as a queue past its budget is kept (``warehouse.spill``), and reads it from the log when
@@ -53,8 +55,9 @@ keeps its turns; releasing yields to the loop between updates.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,10 +75,23 @@ from warehouse.catalog.db import (
     StagedUpdate,
     content_digest,
 )
+from warehouse.catalog.statement_size import StatementTooLarge
 
 DEFAULT_SEQ_WINDOW = 100_000
 RELEASE_CHUNK = 1_000  # held updates read back from the log at once
 _RECEIVING = ThreadPoolExecutor(1, thread_name_prefix="pvm-receive")  # never the pool other work shares
+
+
+@contextmanager
+def _too_large(what: str) -> Iterator[None]:
+    """StatementTooLarge from the catalog as TooLarge, naming ``what`` and the remedy."""
+    try:
+        yield
+    except StatementTooLarge as exc:
+        raise TooLarge(
+            f"{what}: {exc}; nothing of it is stored. Ship smaller parts (pvm wrapper run --part-bytes; "
+            "docs/capture.md) or raise the catalog's max_allowed_packet"
+        ) from exc
 
 
 def _on_receiving_thread(function: Callable[..., Any], *args: Any) -> Awaitable[Any]:
@@ -87,6 +103,14 @@ class ReceiveError(ValueError):
     does not fit its column, a seq too far ahead, parts that do not make one update."""
 
     status = 422
+
+
+class TooLarge(ReceiveError):
+    """An update (or a part) larger than the catalog's database takes in one statement
+    (MariaDB's ``max_allowed_packet``, ``warehouse.catalog.statement_size``): nothing of it is
+    stored. The wrapper must send smaller parts (``--part-bytes``)."""
+
+    status = 413
 
 
 class PartRefused(ReceiveError):
@@ -298,9 +322,11 @@ class Receiver:
 
     async def _store(self, source: str, cursor: SourceCursor, prepared: list[NewUpdate]) -> Ack:
         """Log ``prepared`` and release what follows the released updates without a gap."""
-        stored: dict[int, LogEntry | LogRef] = (
-            {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)} if prepared else {}
-        )
+        stored: dict[int, LogEntry | LogRef] = {}
+        if prepared:
+            seqs = f"seq {prepared[0].seq}" + (f"-{prepared[-1].seq}" if len(prepared) > 1 else "")
+            with _too_large(f"update {seqs} of source {source!r}"):
+                stored = {e.seq: e for e in await self._db(Catalog.append_updates, source, prepared)}
         if cursor.staging is not None and cursor.staging.seq in stored:
             cursor.staging = None  # logged whole meanwhile: the catalog dropped its staged parts
         return await self._settle(cursor, stored)
@@ -340,13 +366,16 @@ class Receiver:
             staged = StagedPart(seq, part.index, changes, staging.txid, staging.captured_at)
             if part.last:
                 try:
-                    ref = await self._db(Catalog.log_staged, source, staged, digest.hexdigest())
+                    with _too_large(named):
+                        ref = await self._db(Catalog.log_staged, source, staged, digest.hexdigest())
                 except SeqConflict:
                     cursor.staging = None  # the catalog dropped its staged parts
                     raise
                 cursor.staging = None
                 return await self._settle(cursor, {} if ref is None else {seq: ref})
-            if not await self._db(Catalog.stage_part, source, staged):
+            with _too_large(named):
+                taken = await self._db(Catalog.stage_part, source, staged)
+            if not taken:
                 cursor.staging = None  # logged whole meanwhile; the catalog dropped its staged parts
                 raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
             staging.parts, staging.changes, staging.digest = part.index + 1, staging.changes + len(changes), digest

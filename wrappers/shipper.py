@@ -4,12 +4,14 @@ Posting is idempotent per ``(source, seq)``, so every failure (network, 5xx, a m
 short acknowledgment) is simply retried with capped exponential backoff for as long as the
 wrapper runs. A failure streak is logged once when it starts and once when it ends.
 
-An update with more changes than ``PART_CHANGES`` (one source transaction of any size is one
-update, one seq) is sent in parts, each alone in its post, in order. The manager stages the
-parts until the last one and logs the update whole then; every failure, a refused part
-included (a manager older than staged parts forgets them when it restarts), starts the
-update again from part 0, and the shipping position moves only with the acknowledgment of
-the last part.
+An update stored in more than one part (``wrappers.parts``: one source transaction of any
+size is one update, one seq) is sent in parts, each alone in its post, in order, read from
+the wrapper's state one at a time as it is posted (``send_parts``): the shipper never holds
+more than one part of it. The manager stages the parts until the last one and logs the
+update whole then; every failure, a refused part included (a manager older than staged parts
+forgets them when it restarts), starts the update again from part 0, and the shipping
+position moves only with the acknowledgment of the last part. ``held`` counts the changes
+being sent: the part in flight, or the whole updates of a ``send``.
 
 Each post's body is chosen by its size: a batch (or a part) of at least ``arrow_from``
 changes goes as an update stream (``contract.update_stream``: Arrow IPC, a quarter to a
@@ -31,20 +33,14 @@ import httpx
 import pydantic
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential
 
-from contract.schemas import MAX_CHANGES_PER_UPDATE, Ack, Update, UpdateBatch, UpdatePart
+from contract.schemas import Ack, Change, Update, UpdateBatch, UpdatePart
 from contract.update_stream import ARROW_FROM_CHANGES, UPDATE_STREAM_CONTENT_TYPE, encode_update_batch
+from wrappers.parts import HeldChanges, UpdateHead
 
 log = logging.getLogger(__name__)
 
-PART_CHANGES = MAX_CHANGES_PER_UPDATE
-"""The most changes one message carries: a larger update is sent in parts of this many (tests
-lower it to ship a transaction of a few hundred rows in parts)."""
-
-
-def fits_one_message(update: Update) -> bool:
-    """Whether ``update`` goes whole in a batch; else ``send_parts`` sends it."""
-    return len(update.changes) <= PART_CHANGES
-
+ReadPart = Callable[[int], Awaitable[list[Change]]]
+"""Reads part ``index`` of the update being sent in parts (from the wrapper's state)."""
 
 _WHOLE: Any = {"updates": {"__all__": {"part"}}}
 """A whole update's body leaves ``part`` out: it is what managers before parts take."""
@@ -96,6 +92,7 @@ class Shipper:
         max_wait: float = 5.0,
         encoding: str = "auto",
         arrow_from: int | None = None,
+        held: HeldChanges | None = None,
     ) -> None:
         if encoding not in UPDATE_ENCODINGS:
             raise ValueError(f"update encoding {encoding!r}: one of {', '.join(UPDATE_ENCODINGS)}")
@@ -111,6 +108,7 @@ class Shipper:
         """Whether posts of ``arrow_from`` changes or more go as update streams (until a
         manager refuses one)."""
         self.arrow_from = ARROW_FROM_CHANGES if arrow_from is None else arrow_from  # read now: tests lower it
+        self.held = held or HeldChanges()
 
     async def send(self, updates: list[Update], last_seq: int) -> int:
         """Post ``updates`` (consecutive seqs) until the manager holds at least the first one.
@@ -125,7 +123,12 @@ class Shipper:
                 bodies[self.streams] = await self.body(updates)
             return await self._post(bodies[self.streams], updates[0].seq, last_seq)
 
-        return await self._retrying(attempt)
+        changes = sum(len(u.changes) for u in updates)
+        self.held.hold(changes)
+        try:
+            return await self._retrying(attempt)
+        finally:
+            self.held.release(changes)
 
     async def body(self, updates: list[Update]) -> Body:
         """The body of a post of ``updates``: an update stream or JSON, by size (see the
@@ -139,11 +142,11 @@ class Shipper:
         text = UpdateBatch(source=self.source, updates=updates).model_dump_json(exclude=_WHOLE if whole else None)
         return Body(text.encode(), self._headers, stream=False)
 
-    async def send_parts(self, update: Update, last_seq: int) -> int:
-        """Post ``update`` in parts of ``PART_CHANGES`` changes, from part 0, until the manager
-        holds it whole (every failure starts again from part 0); the seq acknowledged through,
-        as ``send``."""
-        return await self._retrying(lambda: self._post_parts(update, last_seq))
+    async def send_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int) -> int:
+        """Post ``update``'s parts, each read with ``read_part`` as it goes, from part 0, until
+        the manager holds it whole (every failure starts again from part 0); the seq
+        acknowledged through, as ``send``."""
+        return await self._retrying(lambda: self._post_parts(update, read_part, last_seq))
 
     async def _retrying(self, attempt_once: Callable[[], Awaitable[int]]) -> int:
         retrying = AsyncRetrying(
@@ -162,21 +165,24 @@ class Shipper:
                     )
         return through
 
-    async def _post_parts(self, update: Update, last_seq: int) -> int:
-        size = PART_CHANGES
-        count = max(1, -(-len(update.changes) // size))
-        for index in range(count):
-            part = Update(
-                seq=update.seq,
-                changes=update.changes[index * size : (index + 1) * size],
-                txid=update.txid,
-                captured_at=update.captured_at,
-                part=UpdatePart(index=index, last=index == count - 1),
-            )
-            ack = await self._acknowledgment(await self.body([part]), last_seq)
+    async def _post_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int) -> int:
+        for index in range(update.parts):
+            changes = await read_part(index)
+            self.held.hold(len(changes))
+            try:
+                part = Update.model_construct(
+                    seq=update.seq,
+                    changes=changes,
+                    txid=update.txid,
+                    captured_at=update.captured_at,
+                    part=UpdatePart(index=index, last=index == update.parts - 1),
+                )
+                ack = await self._acknowledgment(await self.body([part]), last_seq)
+            finally:
+                self.held.release(len(changes))
             if ack.through >= update.seq:
                 return ack.through  # whole (part 0 of a seq the manager has: it says so at once)
-            if index == count - 1:
+            if index == update.parts - 1:
                 raise ShipError(f"the manager acknowledged only through seq {ack.through} after the last part")
             if ack.parts != index + 1:
                 raise ShipError(

@@ -24,6 +24,10 @@ log is confirmed to the server only through acknowledged updates.
 Timestamp, application and snapshot capture feed a replica, which the wrapper then reads as
 it reads any trigger-captured SQLite source (``wrappers.capture``).
 
+No update is held whole, however large: capture writes it to the state a part at a time as
+it reads the outbox (``wrappers.update_assembly``), and shipping reads it back and posts it a
+part at a time (``wrappers.shipper``); ``held`` in health counts what each holds.
+
 Two loops run. The ship loop captures (log capture: as soon as a transaction arrives from
 the log, ``capture.log_stream``, and otherwise less often while the log holds nothing new
 for the captured tables, ``capture.log.PollPacing``), ships everything pending, one batch
@@ -43,8 +47,10 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -52,36 +58,37 @@ import sqlalchemy as sa
 
 from contract.relation_snapshot import RelationSnapshot
 from contract.schemas import (
-    MAX_CHANGES_PER_UPDATE,
     MAX_UPDATES_PER_POST,
+    Change,
     Interest,
     InterestAck,
     Subquery,
     SubqueryAnswer,
+    Update,
 )
 from wrappers import query, relation_stream
 from wrappers.capture import Capture, CaptureConfig, open_capture
-from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import reason
-from wrappers.capture.log import LogTransaction, PollPacing, SnapshotRace
+from wrappers.capture.log import PollPacing, SnapshotRace
 from wrappers.errors import InvalidRequest, WrapperError, masked_url
 from wrappers.interest import ChangeFilter
+from wrappers.parts import HeldChanges, PartLimits, UpdateHead
 from wrappers.priority import PriorityLimiter
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.replica import RowChange
 from wrappers.shared_handshake import SharedHandshakes
-from wrappers.shipper import Shipper, fits_one_message
+from wrappers.shipper import Shipper
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
+from wrappers.update_assembly import Assembly, ChangesOf
 
 log = logging.getLogger(__name__)
 
 BLOCKED_AFTER_ATTEMPTS = 3
 """Failed steps in a row after which health reports a loop as blocked (one may be a lock)."""
 
-# An outbox row yields at most two changes (an UPDATE): consecutive transactions are merged
-# into one update while it stays within this many rows (one message); a transaction is never split.
-_ROWS_PER_UPDATE = MAX_CHANGES_PER_UPDATE // 2
+DELETE_IDS = 10_000
+"""Acknowledged outbox rows deleted per source transaction, where ids are not in commit order."""
 
 SNAPSHOT_RACE_SECONDS = 10.0
 """Log capture: how long a subquery takes new snapshots while each races a commit (then 503)."""
@@ -107,6 +114,7 @@ class WrapperConfig:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     update_encoding: str = "auto"  # wrappers.shipper.UPDATE_ENCODINGS
+    part_limits: PartLimits = field(default_factory=PartLimits)
 
 
 class Wrapper:
@@ -120,7 +128,7 @@ class Wrapper:
         if config.max_value_bytes < 1:
             raise WrapperError("max_value_bytes must be at least 1")
         self.config = config
-        self.state = WrapperState(config.state_dir, config.source)  # first: it locks out a twin
+        self.state = WrapperState(config.state_dir, config.source, config.part_limits)  # first: it locks out a twin
         capture: Capture | None = None
         try:
             replica_path = config.state_dir / f"{config.source}.replica.sqlite3"
@@ -158,6 +166,8 @@ class Wrapper:
         self._poller: asyncio.Task[None] | None = None
         self._puller: asyncio.Task[None] | None = None
         self._failing: dict[str, LoopFailure] = {}  # by loop, while its steps keep failing
+        self._capturing = HeldChanges()  # changes of updates held in memory while they are captured
+        self._shipping = HeldChanges()  # and while they are shipped
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -169,6 +179,7 @@ class Wrapper:
             self._client,
             self.config.token,
             encoding=self.config.update_encoding,
+            held=self._shipping,
         )
         if self._log is not None:  # the stream's thread wakes the ship loop
             loop = asyncio.get_running_loop()
@@ -301,8 +312,9 @@ class Wrapper:
             conn.close()
 
     def _capture(self, conn: sa.Connection) -> None:
-        """Turn the uncaptured outbox rows visible to ``conn`` into the next update (caller
-        holds the capture lock). One read sees whole transactions only, merged into one update."""
+        """Turn the uncaptured outbox rows visible to ``conn`` into the next updates (caller
+        holds the capture lock). One read sees whole transactions only; they are read, and
+        written to the state in parts, a few rows at a time (``wrappers.update_assembly``)."""
         if self._log is not None:
             self._capture_log(conn, exact=False)
             return
@@ -310,13 +322,18 @@ class Wrapper:
             rows = self._dialect.read_outbox(conn, self.state.captured_through)
         else:
             rows = self._dialect.read_outbox(conn, 0, skip=self.state.captured_ids)
-        for chunk in _transactions_merged(rows):
-            ids = () if self._ordered else [r.id for r in chunk]
-            txids = {r.txid for r in chunk}
-            txid = txids.pop() if len(txids) == 1 else None
-            seq = self.state.record(self._filter.changes(chunk, self._fit), max(r.id for r in chunk), ids, txid)
-            if seq is not None:
-                log.debug("captured update %d of %s (%d outbox rows)", seq, self.config.source, len(chunk))
+        with closing(rows), self._assembly(keep_ids=not self._ordered) as assembly:
+            while batch := list(itertools.islice(rows, assembly.room())):
+                for txid, run in itertools.groupby(batch, key=lambda row: row.txid):
+                    taken = list(run)
+                    assembly.add(taken, txid, max(row.id for row in taken))
+            assembly.finish()
+        if assembly.seqs:
+            log.debug("captured updates %d-%d of %s", assembly.seqs[0], assembly.seqs[-1], self.config.source)
+
+    def _assembly(self, *, keep_ids: bool) -> Assembly:
+        changes: ChangesOf = partial(self._filter.changes, fit=self._fit)  # the Interest of now
+        return Assembly(self.state, changes, self.config.part_limits, self._capturing, keep_ids)
 
     def _capture_exact(self, conn: sa.Connection) -> None:
         """A subquery's capture: every change ``conn``'s snapshot sees gets a seq, and no other
@@ -328,22 +345,31 @@ class Wrapper:
 
     def _capture_log(self, conn: sa.Connection, *, exact: bool) -> None:
         """Log capture: turn the transactions read from the log into updates (consecutive
-        ones merged, a transaction never split), recorded with the log position."""
+        ones merged, a transaction never split), each recorded with the log position after
+        it, then the position the read handled the log through."""
         assert self._log is not None
         read = self._log.read(conn, self.state.captured_through, exact=exact)
         self._log_pacing.read(time.monotonic(), found=bool(read.transactions), poll=not exact, more=read.more)
-        entries = [
-            (self._filter.changes(rows, self._fit), end, txid) for rows, end, txid in _log_updates(read.transactions)
-        ]
         now = time.monotonic()
-        if not entries and (
+        if not read.transactions and (
             read.through <= self.state.captured_through or now - self._position_recorded_at < POSITION_EVERY_SECONDS
         ):
             return  # a bare position is recorded once a second: the log may move without captured changes
         self._position_recorded_at = now
-        seqs = self.state.record_log(entries, read.through)
-        if seqs:
-            log.debug("captured updates %d-%d of %s from the log", seqs[0], seqs[-1], self.config.source)
+        with self._assembly(keep_ids=False) as assembly:
+            for transaction in read.transactions:
+                taken = 0
+                while taken < len(transaction.rows):
+                    run = transaction.rows[taken : taken + assembly.room()]
+                    assembly.add(run, transaction.xid, transaction.end)
+                    taken += len(run)
+            assembly.finish()
+        if read.through > self.state.captured_through:
+            self.state.record(None, read.through)
+        if assembly.seqs:
+            log.debug(
+                "captured updates %d-%d of %s from the log", assembly.seqs[0], assembly.seqs[-1], self.config.source
+            )
 
     def _confirm_acknowledged(self) -> None:
         """Log capture, invariant 1: the server may release the log only up to acknowledged
@@ -379,21 +405,49 @@ class Wrapper:
                     break
 
     async def _ship_batch(self) -> bool:
-        """Send the oldest pending updates (one message's worth) and wait until they are
-        acknowledged (caller holds the ship lock); False if none was pending."""
+        """Send the oldest pending updates (one post's worth, or one update in parts) and wait
+        until they are acknowledged (caller holds the ship lock); False if none was pending."""
         assert self._shipper is not None, "start() the wrapper first"
-        batch = await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
-        if not batch:
+        heads = await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
+        if not heads:
             return False
-        whole = list(itertools.takewhile(fits_one_message, batch))
-        if whole:
-            through = await self._shipper.send(whole, self.state.last_seq)
-        else:  # one update larger than a message: in parts, acknowledged once it is whole
-            whole = batch[:1]
-            through = await self._shipper.send_parts(whole[0], self.state.last_seq)
-        self._shipped_through = max(self._shipped_through, whole[-1].seq)
+        if heads[0].parts > 1:  # acknowledged once it is whole
+            shipped = heads[:1]
+            through = await self._shipper.send_parts(shipped[0], self._read_part(shipped[0].seq), self.state.last_seq)
+        else:
+            shipped = self._one_post(heads)
+            updates = await asyncio.to_thread(self._whole, shipped)
+            through = await self._shipper.send(updates, self.state.last_seq)
+        self._shipped_through = max(self._shipped_through, shipped[-1].seq)
         await asyncio.to_thread(self.state.ack, through)
         return True
+
+    def _one_post(self, heads: list[UpdateHead]) -> list[UpdateHead]:
+        """The first of ``heads``, and the whole updates after it that one post takes along
+        within the part limits (a post carries what one part may)."""
+        limits = self.config.part_limits
+        post = heads[:1]
+        changes, size = heads[0].changes, heads[0].bytes
+        for head in heads[1:]:
+            changes, size = changes + head.changes, size + head.bytes
+            if head.parts != 1 or changes > limits.changes or size > limits.bytes:
+                break
+            post.append(head)
+        return post
+
+    def _whole(self, heads: list[UpdateHead]) -> list[Update]:
+        return [
+            Update.model_construct(
+                seq=h.seq, changes=self.state.part(h.seq, 0), txid=h.txid, captured_at=h.captured_at, part=None
+            )
+            for h in heads
+        ]
+
+    def _read_part(self, seq: int) -> Callable[[int], Awaitable[list[Change]]]:
+        async def read(index: int) -> list[Change]:
+            return await asyncio.to_thread(self.state.part, seq, index)
+
+        return read
 
     def _delete_acknowledged(self) -> None:
         """Invariant 1: outbox rows go only once their update is acknowledged (or was empty)."""
@@ -405,9 +459,9 @@ class Wrapper:
             self._deleted_through = through
 
     def _delete_acknowledged_ids(self) -> None:
-        """Invariant 1 where ids are not in commit order (caller holds the capture lock, see above)."""
-        ids = self.state.deletable_ids()
-        if ids:
+        """Invariant 1 where ids are not in commit order (caller holds the capture lock, see
+        above), ``DELETE_IDS`` rows at a time: a large update's ids are never listed at once."""
+        while ids := self.state.deletable_ids(DELETE_IDS):
             self._dialect.delete_outbox_ids(self.engine, ids)
             self.state.forget(ids)
 
@@ -547,6 +601,14 @@ class Wrapper:
             "capture": {"method": self.config.capture.method, **(self.capture.status() if self.capture.status else {})},
             "blocked": blocked,
             "quarantine": self._fit.quarantine.status(),
+            "held": {
+                "capturing": self._capturing.now,
+                "capturing_peak": self._capturing.peak,
+                "shipping": self._shipping.now,
+                "shipping_peak": self._shipping.peak,
+                "part_changes": self.config.part_limits.changes,
+                "part_bytes": self.config.part_limits.bytes,
+            },
         }
 
 
@@ -557,41 +619,3 @@ class LoopFailure:
     since: float
     attempts: int = 0
     error: str = ""
-
-
-def _transactions_merged(rows: list[OutboxRow]) -> Iterator[list[OutboxRow]]:
-    """``rows`` (one read, grouped by transaction) as updates: consecutive transactions merged
-    while an update stays within ``_ROWS_PER_UPDATE`` rows, a transaction never split (one
-    larger than that is an update of its own, shipped in parts: ``wrappers.shipper``). Rows
-    without a txid (SQLite, MariaDB) cannot be told apart by transaction: they are one update."""
-    if len(rows) <= _ROWS_PER_UPDATE or any(row.txid is None for row in rows):
-        if rows:
-            yield rows
-        return
-    chunk: list[OutboxRow] = []
-    for _, group in itertools.groupby(rows, key=lambda row: row.txid):
-        transaction = list(group)
-        if chunk and len(chunk) + len(transaction) > _ROWS_PER_UPDATE:
-            yield chunk
-            chunk = []
-        chunk.extend(transaction)
-    if chunk:
-        yield chunk
-
-
-def _log_updates(transactions: list[LogTransaction]) -> Iterator[tuple[list[OutboxRow], int, str | None]]:
-    """Consecutive transactions merged into updates of at most ``_ROWS_PER_UPDATE`` rows, as
-    ``(rows, log position after them, txid if exactly one transaction)``; a transaction is
-    never split (one larger than that is an update of its own, shipped in parts)."""
-    rows: list[OutboxRow] = []
-    xids: list[str] = []
-    end = 0
-    for transaction in transactions:
-        if rows and len(rows) + len(transaction.rows) > _ROWS_PER_UPDATE:
-            yield rows, end, xids[0] if len(xids) == 1 else None
-            rows, xids = [], []
-        rows.extend(transaction.rows)
-        xids.append(transaction.xid)
-        end = transaction.end
-    if rows:
-        yield rows, end, xids[0] if len(xids) == 1 else None

@@ -26,6 +26,10 @@ wrapper's ``Shipper`` over HTTP to a manager (``pvm.local_deployment``, one SQLi
 with its wrapper process, no view) until it is acknowledged: encoding, the post, the parse,
 the receiver's checks, digest and update log. As JSON (``--update-encoding json``) and as an
 update stream, side by side, the least of ``--repeat`` each.
+
+Then, for each ``--captured`` N, one source transaction of N rows captured and shipped by a
+real wrapper process until acknowledged, with the memory both sides take
+(``pvm.bench.wire_captured``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,6 +72,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"changes per update shipped to a manager over HTTP, as JSON and as a stream; 'none' for none "
         f"(default: {DEFAULT_SHIP})",
     )
+    parser.add_argument(
+        "--captured",
+        default="none",
+        help="changes of one SQLite transaction that a wrapper process captures and ships until acknowledged, "
+        "comma-separated, or 'none': seconds, and the RSS growth of the wrapper and the manager (default: none)",
+    )
+    parser.add_argument(
+        "--wrapper-args",
+        default="",
+        help="--captured: more options of the wrapper process, e.g. '--part-bytes 2097152' (default: none)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here, and a PNG plot beside")
 
 
@@ -86,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--ship takes comma-separated change counts (at least 1) or 'none', not {args.ship!r}"
         ) from None
+    try:
+        captured_sizes = [] if args.captured == "none" else sizes(args.captured)
+    except CliError:
+        raise CliError(
+            f"--captured takes comma-separated change counts (at least 1) or 'none', not {args.captured!r}"
+        ) from None
     runs = []
     for n in sizes(args.rows):
         with console.status(f"{n:,} rows: encoding and decoding"):
@@ -99,8 +121,17 @@ def run(args: argparse.Namespace) -> int:
     if shipped_sizes:
         with console.status("shipping updates to a manager"):
             figures["shipped"] = asyncio.run(ship(shipped_sizes, args.repeat))
+    if captured_sizes:
+        from pvm.bench import wire_captured
+
+        with console.status("capturing and shipping a large transaction"):
+            figures["captured"] = asyncio.run(wire_captured.captured(captured_sizes, shlex.split(args.wrapper_args)))
+        figures["wrapper_args"] = args.wrapper_args
+    if shipped_sizes or captured_sizes:
         figures["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     report(figures)
+    if captured_sizes:
+        wire_captured.report(figures["captured"])
     write_figures(args.json, figures, plot)
     return 0 if all(r[m]["equal"] for r in runs for m in MESSAGES) else 1
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Integer, create_engine, delete, event, func, insert, literal, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
+from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
 
 import migrations
@@ -34,6 +36,7 @@ from warehouse.catalog.models import (
     ViewRow,
 )
 from warehouse.catalog.secrets import SealError, TokenSealer, key_file_for
+from warehouse.catalog.statement_size import BoundedJson, StatementTooLarge
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -194,6 +197,17 @@ class ContentDigest:
         return closed.hexdigest()
 
 
+@contextmanager
+def _sized() -> Iterator[None]:
+    """StatementTooLarge as itself, not wrapped in SQLAlchemy's StatementError."""
+    try:
+        yield
+    except StatementError as exc:
+        if isinstance(exc.orig, StatementTooLarge):
+            raise exc.orig from None
+        raise
+
+
 def content_digest(changes: Sequence[dict[str, Any]], slice_size: int = 1000) -> str:
     """SHA-256 of ``changes`` as canonical JSON (keys sorted, no spaces, ASCII): the same
     content gives the same digest however its keys were ordered on the wire, and however
@@ -320,12 +334,15 @@ class Catalog:
         key_file = key_file or key_file_for(url, None)
         self.sealer = TokenSealer(key_file) if key_file is not None else None
         # Update rows may hold non-finite floats: stored tagged (a PostgreSQL JSON column
-        # refuses NaN), read back with every NaN the one object Z-sets can cancel.
-        self.engine = create_engine(url, json_serializer=dumps_wire_json, json_deserializer=loads_wire_json)
+        # refuses NaN), read back with every NaN the one object Z-sets can cancel. A value
+        # MariaDB would refuse in one statement is refused before it is sent.
+        self._json = BoundedJson(dumps_wire_json)
+        self.engine = create_engine(url, json_serializer=self._json, json_deserializer=loads_wire_json)
         if self.engine.dialect.name == "sqlite":
             _private_sqlite_file(url)
             _sqlite_pragmas(self.engine)
         migrations.upgrade(url, token_sealer=self.sealer)
+        self._json.measure(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -418,7 +435,7 @@ class Catalog:
         content (rows logged without a digest are digested from their stored changes). What
         the source staged of a seq logged now is dropped: it can never complete."""
         now = time.time()
-        with Session(self.engine) as s, s.begin():
+        with _sized(), Session(self.engine) as s, s.begin():
             wanted = {u.seq: u for u in updates}
             new = self._unlogged(s, source, {seq: u.digest for seq, u in wanted.items()})
             rows = [
@@ -478,8 +495,9 @@ class Catalog:
         """Stage ``part`` of the source's update ``part.seq`` (its part 0 drops whatever the
         source staged before); the receiver has checked that it continues the staged parts.
         False, staging nothing and dropping what the source staged, if the seq is logged
-        already (a resend of it, whole, was logged meanwhile)."""
-        with Session(self.engine) as s, s.begin():
+        already (a resend of it, whole, was logged meanwhile). StatementTooLarge, staging
+        nothing, if the catalog's database cannot take the part in one statement."""
+        with _sized(), Session(self.engine) as s, s.begin():
             if self._logged(s, source, part.seq):
                 s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))
                 return False
@@ -499,9 +517,10 @@ class Catalog:
         the staged parts in the database (``INSERT … SELECT``: never through this process);
         the staged parts are dropped. ``digest``: ``content_digest`` of all its changes.
         None if the seq is logged already with the same content (or pruned); SeqConflict,
-        with the staged parts dropped, if with other content."""
+        with the staged parts dropped, if with other content; StatementTooLarge, as
+        ``stage_part``."""
         try:
-            with Session(self.engine) as s, s.begin():
+            with _sized(), Session(self.engine) as s, s.begin():
                 self._stage(s, source, last)
                 if not self._unlogged(s, source, {last.seq: digest}):
                     s.execute(delete(StagedPartRow).where(StagedPartRow.source == source))

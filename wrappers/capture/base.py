@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Container, Sequence
+from collections.abc import Container, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -26,6 +26,11 @@ import sqlalchemy as sa
 
 OUTBOX = "_pvm_outbox"
 """The name of the outbox table every dialect creates in the source."""
+
+FETCH_ROWS = 1_000
+"""Outbox rows the driver fetches from the source at a time while an outbox is read (a
+server-side cursor where the driver has one): a read of millions of rows is never held
+whole by the driver, nor turned into rows before the wrapper takes them."""
 
 Op = Literal["I", "U", "D"]
 
@@ -100,11 +105,13 @@ class CaptureDialect(Protocol):
         """A connection inside a read transaction whose snapshot is already fixed."""
         ...
 
-    def read_outbox(self, conn: sa.Connection, after: int, skip: Container[int] = ()) -> list[OutboxRow]:
+    def read_outbox(self, conn: sa.Connection, after: int, skip: Container[int] = ()) -> Generator[OutboxRow]:
         """The outbox rows visible to ``conn`` with id > ``after``, but for those whose id is
         in ``skip``: in commit order where ids are; otherwise grouped by transaction, each
         transaction's rows in id order, the transactions in the order of their largest ids
-        (the order write conflicts imply).
+        (the order write conflicts imply). Rows are made as the caller takes them, and the
+        driver fetches ``FETCH_ROWS`` at a time: close the iterator (or take every row)
+        before ``conn`` runs anything else.
 
         Skipped rows are left out before their values are decoded: where ids are not in
         commit order every read sees every captured row not yet deleted (a few hundred under

@@ -1,6 +1,6 @@
 """What the capture modules of client-server databases (PostgreSQL, MariaDB) share: opening
 an engine with clear connection errors, checking the tables an administrator picked, and
-putting outbox rows read in one snapshot into an order the source could have committed in."""
+deleting outbox rows by id."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import OUTBOX, OutboxRow
+from wrappers.capture.base import OUTBOX
 from wrappers.capture.types import check_shippable
 from wrappers.errors import WrapperError
 
@@ -92,21 +92,6 @@ def check_tables(
             check_shippable(table, [(c["name"], str(c["type"])) for c in columns if c["name"] not in not_shipped])
         out.append(CheckedTable(table, tuple(c["name"] for c in columns), primary_key))
     return out
-
-
-def in_transaction_order(rows: list[OutboxRow]) -> list[OutboxRow]:
-    """``rows`` (read in one snapshot) grouped by transaction, each group in id order, the
-    groups ordered by their largest id.
-
-    Sequence values are taken when a row is written. If transaction B overwrote a row that
-    A wrote, B could only do so after A committed, so B's row got a larger id than every
-    row of A: ordering by the largest id respects every write-write dependency, which
-    commit order also does. Rows without a transaction id stay in id order, each on its own.
-    """
-    groups: dict[str | int, list[OutboxRow]] = {}
-    for row in sorted(rows, key=lambda r: r.id):
-        groups.setdefault(row.txid if row.txid is not None else row.id, []).append(row)
-    return [row for group in sorted(groups.values(), key=lambda g: g[-1].id) for row in group]
 
 
 def chunked(ids: Sequence[int], size: int = 1000) -> list[Sequence[int]]:

@@ -19,17 +19,16 @@ first statement and a TEMP table written inside it (the subquery keys) does not 
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Sequence
+from collections.abc import Container, Generator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import OUTBOX, Op, OutboxRow
+from wrappers.capture.base import FETCH_ROWS, OUTBOX, Op, OutboxRow
 from wrappers.capture.common import (
     check_tables,
     delete_outbox,  # noqa: F401  (this dialect's part of the capture interface)
     delete_outbox_ids,  # noqa: F401  (this dialect's part of the capture interface)
-    in_transaction_order,
     open_server_engine,
     reason,
     shown,
@@ -189,21 +188,31 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 # -- the outbox --------------------------------------------------------------------------
 
 
-def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> list[OutboxRow]:
+def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> Generator[OutboxRow]:
     """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``,
-    in transaction order. The values are read as text and decoded here, so that skipped
-    rows are not decoded (psycopg decodes a ``jsonb`` column with ``json.loads`` too)."""
+    in transaction order, made as they are taken from a server-side cursor.
+
+    Transaction order: rows grouped by transaction, each group in id order, the groups in
+    the order of their largest ids. Ids are taken when a row is written: if transaction B
+    overwrote a row that A wrote, B could only do so after A committed, so B's rows got
+    larger ids than every row of A, and ordering by the largest id respects every
+    write-write dependency, as commit order does. The server sorts (on disk for a large
+    read). Skipping keeps that order among the rows left: a transaction's rows are captured
+    all at once (one update holds them) or not at all. The values are read as
+    text and decoded here, so that skipped rows are not decoded (psycopg decodes a
+    ``jsonb`` column with ``json.loads`` too)."""
     result: sa.CursorResult[int, str, str, Op, str | None, str | None] = conn.execute(
-        sa.text(f"SELECT id, txid::text, relation, op, old::text, new::text FROM {OUTBOX} WHERE id > :after"),
+        sa.text(
+            f"SELECT id, txid::text, relation, op, old::text, new::text FROM {OUTBOX} WHERE id > :after "
+            "ORDER BY max(id) OVER (PARTITION BY txid), id"
+        ),
         {"after": after},
+        execution_options={"yield_per": FETCH_ROWS},
     )
-    return in_transaction_order(
-        [
-            OutboxRow(id, relation, op, _values(old), _values(new), txid)
-            for id, txid, relation, op, old, new in result
-            if id not in skip
-        ]
-    )
+    with result:
+        for id, txid, relation, op, old, new in result:
+            if id not in skip:
+                yield OutboxRow(id, relation, op, _values(old), _values(new), txid)
 
 
 def _values(text: str | None) -> dict[str, Any] | None:
