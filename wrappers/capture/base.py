@@ -58,6 +58,22 @@ def outbox_row(id: int, relation: str, op: Op, old: str | None, new: str | None)
         return OutboxRow(id, relation, op, None, None, unreadable=str(exc))
 
 
+def read_json_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> Generator[OutboxRow]:
+    """``read_outbox`` of an outbox whose triggers write JSON text (SQLite, MariaDB): the rows
+    visible in ``conn``'s snapshot with id > ``after`` and not in ``skip`` (left out
+    undecoded), in id order, made as they are taken from the driver (``FETCH_ROWS`` at a
+    time; PyMySQL's ``SSCursor``, SQLite's stepping)."""
+    result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
+        sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"),
+        {"after": after},
+        execution_options={"yield_per": FETCH_ROWS},
+    )
+    with result:
+        for id, relation, op, old, new in result:
+            if id not in skip:
+                yield outbox_row(id, relation, op, old, new)
+
+
 # A JSON string, or a bare Inf / -Inf outside of strings (what SQLite before 3.42 writes for
 # an infinite REAL; later versions write 9.0e+999, which json.loads reads as infinity).
 _STRING_OR_INF = re.compile(r'"(?:[^"\\]|\\.)*"|(-?)\bInf\b')

@@ -23,11 +23,15 @@ subquery keys) neither commits nor changes it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container, Generator, Sequence
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import FETCH_ROWS, OUTBOX, Op, OutboxRow, outbox_row
+from wrappers.capture.base import OUTBOX
+
+# read_outbox: in id order. Without transaction ids a read is one update, whose order only
+# has to respect write-write dependencies, which id order does.
+from wrappers.capture.base import read_json_outbox as read_outbox  # noqa: F401  (the capture interface)
 from wrappers.capture.common import (
     RESERVED_PREFIX,
     check_tables,
@@ -175,22 +179,6 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 
 # -- the outbox --------------------------------------------------------------------------
-
-
-def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> Generator[OutboxRow]:
-    """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``
-    (left out undecoded), in id order (without transaction ids, a read is one update: the
-    order only has to respect write-write dependencies, which id order does), made as they
-    are taken from an unbuffered result (PyMySQL's ``SSCursor``)."""
-    result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
-        sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"),
-        {"after": after},
-        execution_options={"yield_per": FETCH_ROWS},
-    )
-    with result:
-        for id, relation, op, old, new in result:
-            if id not in skip:
-                yield outbox_row(id, relation, op, old, new)
 
 
 def outbox_high_water(engine: sa.Engine) -> int:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Container, Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import QueuePool
 
-from wrappers.capture.base import FETCH_ROWS, OUTBOX, Op, OutboxRow, outbox_row
+from wrappers.capture.base import OUTBOX
+
+# read_outbox: id order is commit order here (one writer at a time).
+from wrappers.capture.base import read_json_outbox as read_outbox  # noqa: F401  (the capture interface)
 from wrappers.capture.common import delete_outbox_ids  # noqa: F401  (the capture interface; safe for any outbox)
 from wrappers.errors import WrapperError, masked_url
 
@@ -215,18 +218,6 @@ def uninstall(engine: sa.Engine, tables: Sequence[str]) -> None:
 
 
 # -- the outbox --------------------------------------------------------------------------
-def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> Generator[OutboxRow]:
-    """The outbox rows visible in ``conn``'s snapshot with id > ``after`` and not in ``skip``
-    (left out undecoded), in commit order, made as they are taken."""
-    result: sa.CursorResult[int, str, Op, str | None, str | None] = conn.execute(
-        sa.text(f"SELECT id, relation, op, old, new FROM {OUTBOX} WHERE id > :after ORDER BY id"),
-        {"after": after},
-        execution_options={"yield_per": FETCH_ROWS},
-    )
-    with result:
-        for id, relation, op, old, new in result:
-            if id not in skip:
-                yield outbox_row(id, relation, op, old, new)
 
 
 def delete_outbox(engine: sa.Engine, through: int) -> None:
