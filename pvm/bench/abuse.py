@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from pvm.bench.process_memory import status_kib
 from pvm.bench.spark_deployment import (
     measured,
     populate_sources,
@@ -161,14 +162,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return status_kib(pid, "VmRSS") * 1024 or None  # None: the process is gone
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -28,15 +28,14 @@ import argparse
 import asyncio
 import os
 import random
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from pvm.bench.process_memory import rss_peaks
 from pvm.bench.spark_deployment import measured, write_figures
 from pvm.cli import CliError
 
@@ -182,33 +181,6 @@ def populate(source: str, url: str, n: int, rng: random.Random) -> None:
         engine.dispose()
 
 
-@contextmanager
-def peak_rss(every: float = 0.05) -> Iterator[dict[str, float]]:
-    """This process's peak resident set size (MiB) while the block runs, sampled from /proc
-    (``pvm.bench.abuse.rss_bytes``) every ``every`` seconds."""
-    from pvm.bench.abuse import rss_bytes
-
-    def rss() -> float:
-        return (rss_bytes(os.getpid()) or 0) / 2**20
-
-    out = {"start_mib": rss()}
-    out["peak_mib"] = out["start_mib"]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(every):
-            out["peak_mib"] = max(out["peak_mib"], rss())
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield out
-    finally:
-        stop.set()
-        thread.join()
-        out["peak_mib"] = max(out["peak_mib"], rss())
-
-
 async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: Any, n: int) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -228,7 +200,10 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),
         )
-        with Progress(*columns, console=console, transient=True) as progress, peak_rss() as rss:
+        with (
+            Progress(*columns, console=console, transient=True) as progress,
+            rss_peaks({"manager": os.getpid()}, 0.05) as peaks,
+        ):
             task = progress.add_task(f"{n:,} rows per source: loading the view", total=100)
             started = time.perf_counter()
             await manager.define_view(VIEW, name)
@@ -257,8 +232,8 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
         "seconds": round(seconds, 3),
         "rows_per_s": round(3 * n / seconds, 1),
         "view_rows": rows,
-        "manager_rss_start_mib": round(rss["start_mib"], 1),
-        "manager_rss_peak_mib": round(rss["peak_mib"], 1),
+        "manager_rss_start_mib": peaks["manager"]["start_mib"],
+        "manager_rss_peak_mib": peaks["manager"]["peak_mib"],
         "engine_load": engine,
         # seconds from define to the first sight of each phase (polled every 0.1 s)
         "phases": {phase: round(at - started, 2) for phase, at in seen.items()},

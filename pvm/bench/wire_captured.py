@@ -19,60 +19,14 @@ import asyncio
 import os
 import sqlite3
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pvm.bench.process_memory import rss_peaks, status_kib
+
 SAMPLE_SECONDS = 0.02
-_MIB = 2**20
-
-
-def status_kib(pid: int, field: str) -> int:
-    """A ``/proc/PID/status`` figure in KiB (``VmRSS``, ``VmHWM``); 0 once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-@contextmanager
-def rss_peaks(pids: dict[str, int]) -> Iterator[dict[str, dict[str, float]]]:
-    """Per name, the process's RSS (MiB) when the block starts and its largest sample while it
-    runs (every ``SAMPLE_SECONDS``)."""
-
-    def rss(pid: int) -> float:
-        return status_kib(pid, "VmRSS") * 1024 / _MIB
-
-    out = {name: {"start_mib": rss(pid)} for name, pid in pids.items()}
-    for figures in out.values():
-        figures["peak_mib"] = figures["start_mib"]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while True:
-            for name, pid in pids.items():
-                out[name]["peak_mib"] = max(out[name]["peak_mib"], rss(pid))
-            if stop.wait(SAMPLE_SECONDS):
-                return
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield out
-    finally:
-        stop.set()
-        thread.join()
-        for figures in out.values():
-            figures["peak_mib"] = round(figures["peak_mib"], 1)
-            figures["growth_mib"] = round(figures["peak_mib"] - figures["start_mib"], 1)
-            figures["start_mib"] = round(figures["start_mib"], 1)
 
 
 def insert_rows(path: Path, first_id: int, n: int) -> None:
@@ -108,7 +62,7 @@ async def captured(
             wrapper = await deployment.add_sqlite_source("shop", source, ["orders"], capture_args=list(wrapper_args))
             receiver = deployment.manager.receiver
             for seq, n in enumerate(sizes, start=1):  # each transaction one update: seq 1, 2, …
-                with rss_peaks({"wrapper": wrapper.pid, "manager": os.getpid()}) as rss:
+                with rss_peaks({"wrapper": wrapper.pid, "manager": os.getpid()}, SAMPLE_SECONDS) as rss:
                     began = time.perf_counter()
                     await asyncio.to_thread(insert_rows, source, sum(sizes[: seq - 1]), n)
                     committed = time.perf_counter()
