@@ -1,6 +1,7 @@
 """How the manager's API answers errors: each exception type mapped to a status (the core's
 refusals by kind, in ``REFUSALS``), and every error a JSON body ``{"detail": "<message>"}``
-(validation errors add ``errors``)."""
+(validation errors add ``errors``; a refused part of an update adds what the manager holds,
+``contract.schemas.PartRefusal``)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contract.schemas import PartRefusal
 from warehouse.catalog.db import CatalogError, UnknownName
 from warehouse.errors import Busy, Conflict, Invalid, NotFound, Refused, Unsupported
-from warehouse.receiver import ReceiveError
+from warehouse.receiver import PartRefused, ReceiveError
 from warehouse.sources import SourceError
 
 REFUSALS: dict[type[Refused], int] = {
@@ -47,6 +49,11 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ReceiveError)
     async def _receive_error(request: Request, exc: ReceiveError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(PartRefused)
+    async def _part_refused(request: Request, exc: PartRefused) -> Response:
+        refusal = PartRefusal(detail=str(exc), **exc.holding.model_dump())
+        return Response(refusal.model_dump_json(), status_code=exc.status, media_type="application/json")
 
     @app.exception_handler(SourceError)
     async def _source_error(request: Request, exc: SourceError) -> JSONResponse:

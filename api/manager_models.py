@@ -81,6 +81,11 @@ class WrapperHealth(BaseModel):
     blocked: dict[str, Any] | None = Field(
         default=None, description="capture keeps failing: the error, since when (unix time)"
     )
+    shipping_error: dict[str, Any] | None = Field(
+        default=None,
+        description="the wrapper's posts of updates keep failing: the last error, its HTTP status, since when "
+        "(unix time), how many tries",
+    )
     quarantine: dict[str, Any] | None = Field(
         default=None,
         description="captured rows left out because the views cannot take them: count, per relation, last reason",

@@ -45,6 +45,16 @@ class Blocked(BaseModel):
     attempts: int
 
 
+class ShippingError(BaseModel):
+    """Posts of updates to the manager failing in a row: the wrapper retries them for as long
+    as it runs, and nothing more of the source is acknowledged meanwhile."""
+
+    error: str = Field(description="the last failure: the manager's answer (`HTTP 413: …`), or the network's error")
+    status: int | None = Field(description="the manager's HTTP status of the last failure; null: no answer")
+    since: float = Field(description="unix time of the first failure of the streak")
+    attempts: int = Field(description="failed tries since then")
+
+
 class QuarantinedRow(BaseModel):
     relation: str
     column: str | None = Field(description="the column whose value does not fit (None: the row could not be read)")
@@ -89,6 +99,9 @@ class Health(BaseModel):
     )
     blocked: Blocked | None = Field(
         default=None, description="set while capture keeps failing (3 tries in a row or more)"
+    )
+    shipping_error: ShippingError | None = Field(
+        default=None, description="set while posts to the manager keep failing (until one is acknowledged)"
     )
     quarantine: Quarantine = Field(default_factory=Quarantine)
     held: Held

@@ -199,12 +199,30 @@ class UpdateBatch(BaseModel):
 class Ack(BaseModel):
     """Everything with seq <= ``through`` is durable; ``held`` are durable but wait for a gap;
     ``parts``, only in the answer to a part that is not the last: how many parts of its update
-    the manager has staged (in its catalog: they outlive a restart; a wrapper that sees fewer
-    than it sent resends from part 0)."""
+    the manager has staged (in its catalog: they outlive a restart). A wrapper goes on from
+    the part the manager names (``PartRefusal`` when it refuses one)."""
 
     through: int = Field(ge=0, le=INT64_MAX)
     held: list[int] = []
     parts: int | None = Field(default=None, ge=0, examples=[3])
+
+
+class PartRefusal(BaseModel):
+    """The body of the 409 refusing a part that does not continue what the manager holds of
+    its update (out of order, of another seq, of a seq complete already): ``detail`` says
+    why, and ``through``, ``held`` and ``parts`` say what the manager holds, as an ``Ack``
+    does, ``parts`` counting the parts of the refused part's update staged (0: none of it).
+    The wrapper goes on from part ``parts``, or is done if ``through`` covers the seq.
+
+    This extends v1 compatibly: a manager before it answers ``{"detail": …}`` alone (the
+    three members are then None or empty), and a wrapper starts the update again from part 0;
+    a wrapper before it reads the status only.
+    """
+
+    detail: str
+    through: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    held: list[int] = []
+    parts: int | None = Field(default=None, ge=0, examples=[2])
 
 
 class Subquery(BaseModel):

@@ -3,11 +3,15 @@
 It behaves like the real receiver where wrappers can tell: ``(source, seq)`` is idempotent,
 the acknowledgment covers the contiguous prefix and lists held seqs above a gap. It can
 refuse posts with 503 (``fail_posts`` next posts, all while ``down``, or every part from index
-``refuse_parts_from`` on) and records every
+``refuse_parts_from`` on), or every post with ``refuse_status`` (a permanent refusal: 413,
+422), and records every
 post, accepted or not, so tests can check what was sent and how often. An update in parts
 is put together as the receiver does (in order from part 0, which starts it afresh; 409
-otherwise) and stored whole with its last part. It reads a batch as JSON or as an update
-stream (``contract.update_stream``), as the manager does, and records which (``streams``).
+otherwise, saying what it holds as ``contract.schemas.PartRefusal``, or only why with
+``old_refusals``, as a manager older than that) and stored whole with its last part;
+``forget_parts`` drops what is staged, as an older manager's restart did. It reads a batch
+as JSON or as an update stream (``contract.update_stream``), as the manager does, and
+records which (``streams``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from api.ingest import BatchInvalid, is_update_stream, read_stream
-from contract.schemas import Ack, Update, UpdateBatch
+from contract.schemas import Ack, PartRefusal, Update, UpdateBatch
 from pvm.http_server import http_url, listen
 
 
@@ -31,6 +35,8 @@ class FakeManager:
         self.fail_posts = fail_posts
         self.down = False
         self.refuse_parts_from: int | None = None
+        self.refuse_status: int | None = None
+        self.old_refusals = False
         self.posts: list[UpdateBatch] = []
         self.streams = 0  # posts that came as update streams
         self.conflicts: list[tuple[int, Update, Update]] = []
@@ -60,6 +66,8 @@ class FakeManager:
                 if self.down or self.fail_posts > 0:
                     self.fail_posts = max(0, self.fail_posts - 1)
                     return JSONResponse({"detail": "unavailable"}, status_code=503)
+                if self.refuse_status is not None:
+                    return JSONResponse({"detail": "refused for good"}, status_code=self.refuse_status)
                 log = self._updates.setdefault(batch.source, {})
                 if len(batch.updates) == 1 and (part := batch.updates[0].part) is not None:
                     if self.refuse_parts_from is not None and part.index >= self.refuse_parts_from:
@@ -69,11 +77,12 @@ class FakeManager:
                     if update.seq in log:
                         if part.index == 0:
                             return Ack(through=self._through(batch.source), held=[])
-                        return JSONResponse({"detail": "seq complete already"}, status_code=409)
+                        return self._refused(batch.source, "seq complete already", 0)
                     if part.index == 0:
                         held.clear()
                     elif not held or held[0].seq != update.seq or len(held) != part.index:
-                        return JSONResponse({"detail": "part out of order"}, status_code=409)
+                        staged = len(held) if held and held[0].seq == update.seq else 0
+                        return self._refused(batch.source, "part out of order", staged)
                     held.append(update)
                     if not part.last:
                         return Ack(through=self._through(batch.source), held=[], parts=len(held))
@@ -90,6 +99,14 @@ class FakeManager:
 
         return app
 
+    def _refused(self, source: str, why: str, parts: int) -> JSONResponse:
+        """A part refused with 409, saying what is held (``parts`` of the part's update)
+        unless ``old_refusals``."""
+        if self.old_refusals:
+            return JSONResponse({"detail": why}, status_code=409)
+        refusal = PartRefusal(detail=why, through=self._through(source), parts=parts)
+        return JSONResponse(refusal.model_dump(), status_code=409)
+
     def _through(self, source: str) -> int:
         log = self._updates.get(source, {})
         n = 0
@@ -102,6 +119,11 @@ class FakeManager:
         """How many parts of an unfinished update of ``source`` are held."""
         with self._lock:
             return len(self._parts.get(source, []))
+
+    def forget_parts(self, source: str) -> None:
+        """Drop the parts of ``source``'s unfinished update, as an older manager's restart did."""
+        with self._lock:
+            self._parts.pop(source, None)
 
     def through(self, source: str) -> int:
         with self._lock:

@@ -345,6 +345,8 @@ async def test_bad_part_sequences_are_refused_naming_the_problem(env):
     for updates, status, says in cases:
         r = await post(*updates)
         assert r.status_code == status and all(w in r.json()["detail"] for w in says), r.text
+        if status == 409:  # what the manager holds: none of the part's update (seq 1 is complete)
+            assert {k: v for k, v in r.json().items() if k != "detail"} == {"through": 1, "held": [], "parts": 0}
     assert (await post(part(2, 0, False, range(2)))).json()["parts"] == 1
     for updates, status, says in [
         (
@@ -358,6 +360,9 @@ async def test_bad_part_sequences_are_refused_naming_the_problem(env):
     ]:
         r = await post(*updates)
         assert r.status_code == status and all(w in r.json()["detail"] for w in says), r.text
+        if status == 409:  # the parts of the refused part's update staged: part 0 of seq 2, none of seq 3
+            held = 1 if updates[0]["seq"] == 2 else 0
+            assert {k: v for k, v in r.json().items() if k != "detail"} == {"through": 1, "held": [], "parts": held}
     # a refused part changed nothing: the update goes on from part 1
     assert (await post(part(2, 1, True, range(2, 4)))).json() == {"through": 2, "held": []}
     assert [len(e.changes) for e in await env.manager.db(Catalog.log_entries, "a", 0)] == [1, 4]

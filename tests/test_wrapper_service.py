@@ -127,7 +127,8 @@ def test_changes_ship_in_order_with_signs_and_leave_the_outbox(db: Path, manager
         health = httpx.get(f"{wrapper.url}/v1/health").json()
         assert health == {
             "ok": True, "source": SOURCE, "last_seq": 3, "shipped_through": 3, "acked_through": 3, "pending": 0,
-            "capture": {"method": "trigger"}, "blocked": None, "quarantine": {"rows": 0, "by_relation": {}, "last": None},
+            "capture": {"method": "trigger"}, "blocked": None, "shipping_error": None,
+            "quarantine": {"rows": 0, "by_relation": {}, "last": None},
             "held": {
                 "capturing": 0, "capturing_peak": 2, "shipping": 0, "shipping_peak": 2,
                 "part_changes": 100_000, "part_bytes": 8 << 20,

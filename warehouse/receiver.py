@@ -33,8 +33,12 @@
   comes once the whole update is logged: nothing is lost, and a seq is logged once. Part 0
   always starts the update afresh, dropping what the source staged (a wrapper that restarted
   resends from it), and part 0 of a seq already received is acknowledged and ignored like a
-  resent update. A part of another seq, a txid other than part 0's, or a part of a seq
-  already complete (other than part 0) is refused (PartRefused, 409; ReceiveError, 422). A
+  resent update. A part that does not continue what the source staged (out of order, of
+  another seq, of a seq already complete, other than part 0) is refused (PartRefused, 409),
+  its answer saying what the manager holds (``PartRefusal``: ``through``, and ``parts``, the
+  parts of that update staged), so that a wrapper whose post failed without an answer goes
+  on from there (the post may have been staged); a txid other than part 0's is refused
+  (ReceiveError, 422). A
   part (or a whole update) larger than the catalog's database takes in one statement (a
   MariaDB catalog's ``max_allowed_packet``) is refused before it is sent (TooLarge, 413).
 * Large updates by name: an update logged from parts is never read back whole here. It is
@@ -115,9 +119,15 @@ class TooLarge(ReceiveError):
 
 class PartRefused(ReceiveError):
     """A part that does not continue what the manager holds of its source: out of order, of
-    another seq, or of a seq already complete. The wrapper resends the update from part 0."""
+    another seq, or of a seq already complete. ``holding`` is what the manager holds, its
+    ``parts`` counting the refused part's update's staged parts (0: none of them): the
+    answer's body (``contract.schemas.PartRefusal``) tells the wrapper where to go on."""
 
     status = 409
+
+    def __init__(self, message: str, holding: Ack) -> None:
+        super().__init__(message)
+        self.holding = holding
 
 
 @dataclass(frozen=True)
@@ -354,12 +364,14 @@ class Receiver:
                         await self._db(Catalog.drop_staged, source)
                         cursor.staging = None
                     return cursor.ack()
-                raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
+                raise PartRefused(
+                    f"{named}: seq {seq} is complete already; resend an update from its part 0", cursor.ack(parts=0)
+                )
             self._check_window(source, cursor, [update])
             if part.index == 0:  # part 0 starts the update afresh
                 staging = Staging(seq, update.txid, update.captured_at, digest=ContentDigest())
             else:
-                staging = self._continued(named, update, part.index, cursor.staging)
+                staging = self._continued(named, update, part.index, cursor)
             digest = staging.digest if staging.digest is not None else await self._staged_digest(source, staging)
             digest = digest.copy()  # the staging's own moves on only once the part is staged
             changes = await self._off_loop(self._prepare_part, source, update, schemas[seq], digest)
@@ -377,21 +389,27 @@ class Receiver:
                 taken = await self._db(Catalog.stage_part, source, staged)
             if not taken:
                 cursor.staging = None  # logged whole meanwhile; the catalog dropped its staged parts
-                raise PartRefused(f"{named}: seq {seq} is complete already; resend an update from its part 0")
+                raise PartRefused(
+                    f"{named}: seq {seq} is complete already; resend an update from its part 0", cursor.ack(parts=0)
+                )
             staging.parts, staging.changes, staging.digest = part.index + 1, staging.changes + len(changes), digest
             cursor.staging = staging
             return cursor.ack(parts=staging.parts)
 
     @staticmethod
-    def _continued(named: str, update: Update | PlainUpdate, index: int, staging: Staging | None) -> Staging:
-        """The staging that part ``index`` (not 0) of ``update`` continues; refused if it
-        does not continue what the source staged."""
+    def _continued(named: str, update: Update | PlainUpdate, index: int, cursor: SourceCursor) -> Staging:
+        """The staging that part ``index`` (not 0) of ``update`` continues; refused, saying
+        what the source staged, if it does not continue that."""
+        staging = cursor.staging
         if staging is None or staging.seq != update.seq:
             holding = "no part of it" if staging is None else f"parts of seq {staging.seq} instead"
-            raise PartRefused(f"{named} is out of order: the manager holds {holding}; send part 0 first")
+            raise PartRefused(
+                f"{named} is out of order: the manager holds {holding}; send part 0 first", cursor.ack(parts=0)
+            )
         if staging.parts != index:
             raise PartRefused(
-                f"{named} is out of order: the manager holds parts 0-{staging.parts - 1}, the next is part {staging.parts}"
+                f"{named} is out of order: the manager holds parts 0-{staging.parts - 1}, the next is part {staging.parts}",
+                cursor.ack(parts=staging.parts),
             )
         if staging.txid != update.txid:
             raise ReceiveError(

@@ -1,17 +1,38 @@
 """SendUpdates: post pending updates to the manager until it acknowledges them.
 
 Posting is idempotent per ``(source, seq)``, so every failure (network, 5xx, a malformed or
-short acknowledgment) is simply retried with capped exponential backoff for as long as the
-wrapper runs. A failure streak is logged once when it starts and once when it ends.
+short acknowledgment, a refusal) is simply retried with capped exponential backoff for as
+long as the wrapper runs: a manager may be fixed or upgraded meanwhile. A failure streak is
+logged once when it starts and once when it ends, and ``failing`` keeps its last error, since
+when and how many posts failed (one record; the wrapper's health shows it) until a post is
+acknowledged.
 
 An update stored in more than one part (``wrappers.parts``: one source transaction of any
 size is one update, one seq) is sent in parts, each alone in its post, in order, read from
 the wrapper's state one at a time as it is posted (``send_parts``): the shipper never holds
-more than one part of it. The manager stages the parts until the last one and logs the
-update whole then; every failure, a refused part included (a manager older than staged parts
-forgets them when it restarts), starts the update again from part 0, and the shipping
-position moves only with the acknowledgment of the last part. ``held`` counts the changes
-being sent: the part in flight, or the whole updates of a ``send``.
+more than one part of it. The manager stages the parts (in its catalog: they outlive its
+restarts) until the last one and logs the update whole then; the shipping position moves
+only with the acknowledgment of the last part. A failure does not start the update again:
+the next try goes on from the first part the manager does not hold, as the manager said
+last, never as the shipper supposes:
+
+* each part's acknowledgment counts the parts staged (``Ack.parts``): after a failed post
+  (a network error, a timeout, a 5xx, a 413) the same part goes again;
+* the manager checks that a part continues what it staged, and refuses one that does not
+  with 409 saying what it holds (``PartRefusal``): the parts staged of the update, from which
+  the shipper goes on (a post whose answer was lost was staged: the next part follows), or
+  ``through`` covering the seq (its last part was logged: done);
+* a manager that holds none of the update (it forgot its staged parts: an older one that
+  restarted), or that refuses without saying what it holds (one older than ``PartRefusal``),
+  or whose answer does not add up, gets the update again from part 0, which starts it
+  afresh. The update still arrives whole and once: part 0 drops whatever was staged, and a
+  seq is logged once.
+
+Where the shipper goes on is known only within one ``send_parts``, which starts at part 0: a
+wrapper that restarted sends its pending update from part 0. So every staged part the
+shipper goes on from was posted by this ``send_parts``, after part 0, of the same stored
+parts. ``held`` counts the changes being sent: the part in flight, or the whole updates of
+a ``send``.
 
 Each post's body is chosen by its size: a batch (or a part) of at least ``arrow_from``
 changes goes as an update stream (``contract.update_stream``: Arrow IPC, a quarter to a
@@ -25,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +55,7 @@ import httpx
 import pydantic
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential
 
-from contract.schemas import Ack, Change, Update, UpdateBatch, UpdatePart
+from contract.schemas import Ack, Change, PartRefusal, Update, UpdateBatch, UpdatePart
 from contract.update_stream import ARROW_FROM_CHANGES, UPDATE_STREAM_CONTENT_TYPE, encode_update_batch
 from wrappers.parts import HeldChanges, UpdateHead
 
@@ -75,7 +97,33 @@ class Body:
 
 
 class ShipError(Exception):
-    """One failed attempt to deliver a batch; always retried."""
+    """One failed attempt to deliver a batch; always retried. ``status`` and ``content``: the
+    manager's answer, if it answered with an error."""
+
+    def __init__(self, message: str, status: int | None = None, content: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.content = content
+
+
+@dataclass
+class ShipFailure:
+    """The posts failing since ``since`` (unix time): ``attempts`` of them, the last with
+    ``error`` (``status``: the manager's HTTP status; None: no answer, a network error or a
+    timeout)."""
+
+    error: str
+    status: int | None
+    since: float
+    attempts: int = 1
+
+
+@dataclass
+class _Staged:
+    """How many parts of the update being sent the manager holds, as it last said: where the
+    next try goes on."""
+
+    parts: int = 0
 
 
 class Shipper:
@@ -109,6 +157,8 @@ class Shipper:
         manager refuses one)."""
         self.arrow_from = ARROW_FROM_CHANGES if arrow_from is None else arrow_from  # read now: tests lower it
         self.held = held or HeldChanges()
+        self.failing: ShipFailure | None = None
+        """The current streak of failed posts; None once a post is acknowledged."""
 
     async def send(self, updates: list[Update], last_seq: int) -> int:
         """Post ``updates`` (consecutive seqs) until the manager holds at least the first one.
@@ -144,29 +194,35 @@ class Shipper:
 
     async def send_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int) -> int:
         """Post ``update``'s parts, each read with ``read_part`` as it goes, from part 0, until
-        the manager holds it whole (every failure starts again from part 0); the seq
-        acknowledged through, as ``send``."""
-        return await self._retrying(lambda: self._post_parts(update, read_part, last_seq))
+        the manager holds it whole; after a failure, from the first part the manager does not
+        hold (see the module's docstring). The seq acknowledged through, as ``send``."""
+        staged = _Staged()
+        return await self._retrying(lambda: self._post_parts(update, read_part, last_seq, staged))
 
     async def _retrying(self, attempt_once: Callable[[], Awaitable[int]]) -> int:
         retrying = AsyncRetrying(
             wait=self._wait,
             stop=stop_never,
             retry=retry_if_exception_type((httpx.HTTPError, ShipError)),
-            before_sleep=self._log_failure,
+            before_sleep=self._failed,
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
                 through = await attempt_once()
+                self.failing = None  # delivered (a refused last part may say so too)
                 if attempt.retry_state.attempt_number > 1:
                     log.info(
                         "shipping to %s recovered after %d attempts", self._url, attempt.retry_state.attempt_number
                     )
         return through
 
-    async def _post_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int) -> int:
-        for index in range(update.parts):
+    async def _post_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int, staged: _Staged) -> int:
+        """One try at ``update``, from part ``staged.parts``; ``staged`` follows what the
+        manager says it holds as the parts go (0: start over)."""
+        if staged.parts:
+            log.info("update seq %d: the manager holds parts 0-%d; going on from there", update.seq, staged.parts - 1)
+        for index in range(staged.parts, update.parts):
             changes = await read_part(index)
             self.held.hold(len(changes))
             try:
@@ -178,17 +234,46 @@ class Shipper:
                     part=UpdatePart(index=index, last=index == update.parts - 1),
                 )
                 ack = await self._acknowledgment(await self.body([part]), last_seq)
+            except ShipError as error:
+                if error.status != 409:
+                    raise  # the manager took nothing of it, or did without answering: the part goes again
+                through = self._refused(error, update, index, last_seq, staged)
+                if through is not None:
+                    return through
+                raise
             finally:
                 self.held.release(len(changes))
             if ack.through >= update.seq:
                 return ack.through  # whole (part 0 of a seq the manager has: it says so at once)
+            staged.parts = 0  # unless the answer adds up, below
             if index == update.parts - 1:
                 raise ShipError(f"the manager acknowledged only through seq {ack.through} after the last part")
             if ack.parts != index + 1:
                 raise ShipError(
                     f"the manager holds {ack.parts} part(s) of seq {update.seq} after part {index}; resending from part 0"
                 )
+            staged.parts = index + 1
         raise AssertionError("unreachable: the last part returns or raises")
+
+    @staticmethod
+    def _refused(error: ShipError, update: UpdateHead, index: int, last_seq: int, staged: _Staged) -> int | None:
+        """Part ``index`` was refused (409): where to go on, from what the manager says it
+        holds (``PartRefusal``) into ``staged``; the seq acknowledged through if the manager
+        has the update whole. Part 0 again if it does not say, or its answer does not add up."""
+        staged.parts = 0
+        try:
+            refusal = PartRefusal.model_validate_json(error.content)
+        except pydantic.ValidationError:
+            return None  # a manager older than PartRefusal, or another conflict: from part 0
+        if refusal.through is None or refusal.parts is None:
+            return None
+        if refusal.through > last_seq:
+            raise ShipError(_not_this_history(refusal.through, last_seq)) from error
+        if refusal.through >= update.seq:
+            return refusal.through  # its last part was logged, and the answer lost
+        if refusal.parts != index and refusal.parts <= min(index + 1, update.parts - 1):
+            staged.parts = refusal.parts  # else it refused what it asks for, or holds what was not posted
+        return None
 
     async def _post(self, body: Body, first: int, last_seq: int) -> int:
         ack = await self._acknowledgment(body, last_seq)
@@ -207,7 +292,9 @@ class Shipper:
                 response.text[:300],
             )
         if response.status_code >= 300:
-            raise ShipError(f"HTTP {response.status_code}: {response.text[:300]}")
+            raise ShipError(
+                f"HTTP {response.status_code}: {response.text[:300]}", response.status_code, response.content
+            )
         try:
             ack = Ack.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
@@ -215,12 +302,28 @@ class Shipper:
         if ack.through > last_seq:
             # Accepting this would drop our updates as duplicates of ones the manager got
             # from an earlier wrapper state: refuse loudly rather than lose them.
-            raise ShipError(
-                f"the manager acknowledged seq {ack.through} but this wrapper assigned only {last_seq}: "
-                "the wrapper state does not belong to this manager's history of the source"
-            )
+            raise ShipError(_not_this_history(ack.through, last_seq))
+        self.failing = None
         return ack
 
-    def _log_failure(self, state: RetryCallState) -> None:
-        if state.attempt_number == 1 and state.outcome is not None:
-            log.warning("cannot ship updates to %s (retrying until it works): %s", self._url, state.outcome.exception())
+    def _failed(self, state: RetryCallState) -> None:
+        """Note a failed try in ``failing`` (the first of a streak is logged too)."""
+        error = state.outcome.exception() if state.outcome is not None else None
+        if error is None:
+            return
+        if state.attempt_number == 1:
+            log.warning("cannot ship updates to %s (retrying until it works): %s", self._url, error)
+        status = error.status if isinstance(error, ShipError) else None
+        text = (str(error) if isinstance(error, ShipError) else f"{type(error).__name__}: {error}")[:500]
+        if self.failing is None:
+            self.failing = ShipFailure(text, status, time.time())
+        else:
+            self.failing.error, self.failing.status = text, status
+            self.failing.attempts += 1
+
+
+def _not_this_history(through: int, last_seq: int) -> str:
+    return (
+        f"the manager acknowledged seq {through} but this wrapper assigned only {last_seq}: "
+        "the wrapper state does not belong to this manager's history of the source"
+    )

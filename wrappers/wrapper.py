@@ -589,6 +589,15 @@ class Wrapper:
         since, what, failure = min(failures, key=lambda item: item[0])
         return {"loop": what, "error": failure.error, "since": since, "attempts": failure.attempts}
 
+    def _shipping_error(self) -> dict[str, object] | None:
+        """While posts to the manager keep failing (the ship loop retries them for as long
+        as it runs: a manager down, or one refusing them for good, 413 or 422, until it is
+        fixed or upgraded): the last error, its HTTP status, since when and how many."""
+        failing = self._shipper.failing if self._shipper is not None else None
+        if failing is None:
+            return None
+        return {"error": failing.error, "status": failing.status, "since": failing.since, "attempts": failing.attempts}
+
     def health(self) -> dict[str, object]:
         blocked = self.blocked()
         return {
@@ -600,6 +609,7 @@ class Wrapper:
             "pending": self.state.pending_count(),
             "capture": {"method": self.config.capture.method, **(self.capture.status() if self.capture.status else {})},
             "blocked": blocked,
+            "shipping_error": self._shipping_error(),
             "quarantine": self._fit.quarantine.status(),
             "held": {
                 "capturing": self._capturing.now,

@@ -94,7 +94,9 @@ async def _wrapper_health(manager: Manager, name: str) -> WrapperHealth:
     except Exception as exc:  # unreachable, refused, malformed: all reported, never raised
         return WrapperHealth(reachable=False, error=f"{type(exc).__name__}: {exc}"[:500])
     fields = {k: data.get(k) for k in ("last_seq", "acked_through", "pending") if isinstance(data.get(k), int)}
-    fields |= {k: data.get(k) for k in ("blocked", "quarantine", "held") if isinstance(data.get(k), dict)}
+    fields |= {
+        k: data.get(k) for k in ("blocked", "shipping_error", "quarantine", "held") if isinstance(data.get(k), dict)
+    }
     if isinstance(data.get("ok"), bool):
         fields["ok"] = data["ok"]
     return WrapperHealth(reachable=True, **fields)
