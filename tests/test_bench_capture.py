@@ -34,6 +34,7 @@ RUN_KEYS = {
     "compensations",
     "subqueries",
     "freshness_seconds",
+    "lags_seconds",
 }
 TINY = ["--transactions", "12", "--statements", "2", "--connections", "2", "--rows", "40"]
 
@@ -119,7 +120,7 @@ def test_bench_capture_measures_both_methods_side_by_side(
     out = tmp_path / "figures" / "capture.json"
     argv = [
         "bench", "capture", *TINY, "--rounds", "2", "--view-transactions", "12", "--marker-interval", "0.02",
-        "--json", str(out),
+        "--freshness-rounds", "2", "--json", str(out),
     ]  # fmt: skip
     assert pvm_main(argv) == 0
     printed = capsys.readouterr().out
@@ -140,8 +141,25 @@ def test_bench_capture_measures_both_methods_side_by_side(
         check_write_cost(cost, ["trigger", "log"], rounds=2, wal=name == "postgresql")
 
     fresh = results["freshness"]
-    assert set(fresh) == {"runs", "ratio_log_to_trigger", "with_restarts"}
+    assert set(fresh) == {"runs", "by_round", "ratio_log_to_trigger", "ratio_log_to_trigger_by_round", "with_restarts"}
     assert set(fresh["runs"]) == {"trigger", "log"}
+    # two rounds, the order alternating; each method's figures pool its markers of both
+    assert "round 1: view over" in printed and "round 2: view over" in printed and "2 round(s) pooled" in printed
+    assert printed.index("round 1: view over PostgreSQL + MariaDB + SQLite (PostgreSQL trigger") < printed.index(
+        "round 1: view over PostgreSQL + MariaDB + SQLite (PostgreSQL log"
+    )
+    assert printed.index("round 2: view over PostgreSQL + MariaDB + SQLite (PostgreSQL log") < printed.index(
+        "round 2: view over PostgreSQL + MariaDB + SQLite (PostgreSQL trigger"
+    )
+    assert "p50 in a round" in printed
+    assert len(fresh["by_round"]) == len(fresh["ratio_log_to_trigger_by_round"]) == 2
+    for method, run in fresh["runs"].items():
+        rounds = [r[method] for r in fresh["by_round"]]
+        assert set(rounds[0]) == RUN_KEYS, method
+        assert run["marker_transactions"] == sum(r["marker_transactions"] for r in rounds), method
+        for source, lags in run["lags_seconds"].items():
+            assert lags == sorted(v for r in rounds for v in r["lags_seconds"].get(source, [])), (method, source)
+            assert run["freshness_seconds"][source]["max"] == lags[-1], (method, source)
     crashed = fresh["with_restarts"]  # --crash is on by default: a third run, with restarts, not in the ratios
     assert set(crashed) == RUN_KEYS | {"restarts"} and crashed["capture"]["pg"] == crashed["capture"]["my"] == "log"
     assert crashed["restarts"]["wrappers"] == ["pg", "my"] and crashed["restarts"]["manager"] == 1
@@ -163,7 +181,8 @@ def test_bench_capture_measures_both_methods_side_by_side(
     assert set(fresh["ratio_log_to_trigger"]) == set(trigger) & set(log)
     for source, ratio in fresh["ratio_log_to_trigger"].items():
         assert math.isclose(ratio["p95"], log[source]["p95"] / trigger[source]["p95"]), source
-    assert len(scratch_names) == 4 and leftovers(scratch_names) == []  # write cost, a run per method, restarts
+    # write cost, a run per method and round, restarts
+    assert len(scratch_names) == 6 and leftovers(scratch_names) == []
 
 
 @pytest.mark.servers
@@ -210,3 +229,5 @@ def test_bench_capture_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -
     assert "leave nothing to measure" in capsys.readouterr().err
     assert pvm_main(["bench", "capture", "--marker-interval", "0"]) == 2
     assert "--marker-interval must be > 0" in capsys.readouterr().err
+    assert pvm_main(["bench", "capture", "--freshness-rounds", "0"]) == 2
+    assert "--freshness-rounds must be >= 1" in capsys.readouterr().err

@@ -20,7 +20,7 @@
    this process), once with every source captured by triggers and once with PostgreSQL and
    MariaDB captured from their logs (SQLite has no log capture: triggers both times), at
    the same rate. Writers commit ``--view-transactions`` random transactions, two
-   connections per source, while a marker transaction every ``--marker-interval`` seconds
+   connections per source (in a process of their own, ``capture_load``), while a marker transaction every ``--marker-interval`` seconds
    inserts a row that joins into the view; freshness is the time from a marker's commit
    to its row being readable in the view (as of the watermark). After the writers stop,
    the view must converge, and the maintenance oracle (``pvm.bench.three_sources``) must
@@ -31,6 +31,12 @@
    freshness ratios: the restarts stall the view, which would then not compare with the
    trigger run at the same rate.
 
+   Freshness runs in ``--freshness-rounds`` rounds, each running both methods, the order
+   alternating from round to round (trigger first, then log first, ...): a run's freshness
+   over some sixty markers moves by tens of percent from run to run on a shared machine,
+   and whichever runs second meets a warmer (or busier) machine. Each method's figures pool
+   its markers over the rounds; the ratio is given pooled and per round.
+
 ``--method`` restricts both parts to one method. The servers default to the development
 ones; every part works in its own scratch schema (PostgreSQL) and database (MariaDB),
 dropped at its end together with any slot and publication log capture made there.
@@ -40,10 +46,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import random
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -53,14 +57,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pvm.bench.capture_load import MARKERS, LoadProcess
 from pvm.bench.spark_deployment import quantile, write_figures
 from pvm.cli import CliError
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 METHODS = ("trigger", "log")  # measured against "none"; --method both measures them side by side
-# Markers: rows whose join partners (anchors) no random writer touches; view column of their key.
-MARKERS = {"pg": (50_000_000, 0), "my": (60_000_000, 3), "lite": (70_000_000, 5)}
+# The anchors: join partners of the markers (capture_load.MARKERS), rows no random writer touches.
 ANCHORS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "pg": [("s", {"id": 900, "b": 77, "c": 77}), ("t", {"id": 900, "c": 77, "d": "d1"})],
     "my": [("r", {"id": 901, "b": 78, "note": "n-anchor"}), ("t", {"id": 901, "c": 78, "d": "d1"})],
@@ -89,6 +93,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--marker-interval", type=float, default=0.05, help="freshness: seconds between markers (default: 0.05)"
     )
     parser.add_argument(
+        "--freshness-rounds", type=int, default=3,
+        help="freshness: rounds, each running every method once, the order alternating (default: 3)",
+    )  # fmt: skip
+    parser.add_argument(
         "--method", choices=["both", *METHODS], default="both",
         help="the capture methods measured against none and against each other (default: both)",
     )  # fmt: skip
@@ -106,9 +114,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pvm.bench import capture_report, capture_write
 
-    if min(args.transactions, args.statements, args.connections, args.rows, args.rounds, args.view_transactions) < 1:
+    counts = (args.transactions, args.statements, args.connections, args.rows, args.rounds, args.view_transactions)
+    if min(*counts, args.freshness_rounds) < 1:
         raise CliError(
-            "--transactions, --statements, --connections, --rows, --rounds and --view-transactions must be >= 1"
+            "--transactions, --statements, --connections, --rows, --rounds, --view-transactions and "
+            "--freshness-rounds must be >= 1"
         )
     if not args.marker_interval > 0:
         raise CliError("--marker-interval must be > 0")
@@ -125,15 +135,26 @@ def run(args: argparse.Namespace) -> int:
             }
         capture_report.print_write_cost(results["write_cost"])
     if not args.skip_freshness:
-        runs = {}
-        for method in methods:
-            with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
-                runs[method] = asyncio.run(freshness(pg, my, method, args))
-            capture_report.print_freshness_run(method, runs[method])
-        results["freshness"] = {"runs": runs}
+        by_round: list[dict[str, dict[str, Any]]] = []
+        for number in range(args.freshness_rounds):
+            round_runs: dict[str, dict[str, Any]] = {}
+            for method in methods if number % 2 == 0 else methods[::-1]:
+                with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
+                    round_runs[method] = asyncio.run(freshness(pg, my, method, args))
+                capture_report.print_freshness_run(method, round_runs[method], f"round {number + 1}: ")
+            by_round.append(round_runs)
+        runs = {method: pooled([r[method] for r in by_round]) for method in methods}
+        results["freshness"] = {"runs": runs, "by_round": by_round}
         if len(runs) == 2:
+            for method, run in runs.items():
+                capture_report.print_freshness_run(method, run, f"{len(by_round)} round(s) pooled: ")
             results["freshness"]["ratio_log_to_trigger"] = freshness_ratios(runs["trigger"], runs["log"])
-            capture_report.print_freshness_ratios(results["freshness"]["ratio_log_to_trigger"])
+            results["freshness"]["ratio_log_to_trigger_by_round"] = [
+                freshness_ratios(r["trigger"], r["log"]) for r in by_round
+            ]
+            capture_report.print_freshness_ratios(
+                results["freshness"]["ratio_log_to_trigger"], results["freshness"]["ratio_log_to_trigger_by_round"]
+            )
         if args.crash and "log" in methods:
             with scratch_sources(args.pg_url, args.mariadb_url) as (pg, my):
                 results["freshness"]["with_restarts"] = asyncio.run(freshness(pg, my, "log", args, crash=True))
@@ -229,35 +250,29 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
             await deployment.manager.define_view(scenario.VIEW, "v", parallelism=4)
             await deployment.manager.wait_idle("v", timeout=120)
             crashing = [source for source, m in capture.items() if m == "log"] if crash else []
-            restarted_all = threading.Event()  # with restarts, the writers go on until the manager is back
-            writers = scenario.Writers(
-                urls, args.view_transactions, connections=2, seed=args.seed, pause=0.05,
-                until=restarted_all if crashing else None,
+            load = LoadProcess(
+                urls, transactions=args.view_transactions, connections=2, seed=args.seed, pause=0.05,
+                marker_interval=args.marker_interval, until=bool(crashing),  # with restarts: until the manager is back
             )  # fmt: skip
-            commits: list[tuple[str, int, float]] = []
-            stop = threading.Event()
-            marker = threading.Thread(target=write_markers, args=(urls, args.marker_interval, stop, commits))
-            started = time.perf_counter()
-            threads = writers.start()
-            marker.start()
+            await asyncio.to_thread(load.start)
+            started = load.started_at or time.perf_counter()
+            commits = load.commits
 
             async def restart() -> scenario.Restarted:
                 try:
                     return await scenario.crash_and_restart(deployment, wrappers, crashing, "v", 0.5)
                 finally:
-                    restarted_all.set()
+                    load.release()
 
             restarting = asyncio.create_task(restart()) if crashing else None
             try:
                 seen = await watch_markers(
                     lambda: deployment.manager,
-                    lambda _: not any(t.is_alive() for t in threads) and (restarting is None or restarting.done()),
+                    lambda _: load.writers_done and (restarting is None or restarting.done()),
                     commits, {}, restarting,
                 )  # fmt: skip
             finally:
-                restarted_all.set()
-                stop.set()
-                marker.join()
+                await asyncio.to_thread(load.finish)
             writing_seconds = time.perf_counter() - started
             before: list[ViewCounters] = []
             restarts: dict[str, Any] | None = None
@@ -266,8 +281,8 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
                 deployment = restarted.deployment
                 before.append(restarted.counters)
                 restarts = {"wrappers": restarted.wrappers, "manager": 1}
-            if writers.errors:
-                raise CliError(f"a writer failed: {writers.errors[0]}")
+            if load.errors:
+                raise CliError(f"a writer failed: {load.errors[0]}")
             seen = await watch_markers(
                 lambda: deployment.manager, lambda found: len(found) >= len(commits), commits, seen
             )
@@ -286,10 +301,10 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
             await deployment.__aexit__(None, None, None)
     counters = [*before, maintainer.counters]
     lags = {source: sorted(seen[(s, k)] - t for s, k, t in commits if s == source) for source in MARKERS}
-    run = {
+    run: dict[str, Any] = {
         "capture": capture,
-        "source_transactions_committed": sum(writers.committed),
-        "source_transactions_per_second": sum(writers.committed) / writing_seconds,
+        "source_transactions_committed": sum(load.committed),
+        "source_transactions_per_second": sum(load.committed) / writing_seconds,
         "marker_transactions": len(commits),
         "writing_seconds": writing_seconds,
         "converged_seconds_after_writers": converged,
@@ -298,15 +313,51 @@ async def freshness(pg: str, my: str, method: str, args: argparse.Namespace, *, 
         "compensations": sum(c.compensations for c in counters),
         # the watermark waits for subqueries: their time per source shows where a slower view waits
         "subqueries": subquery_times(counters),
-        "freshness_seconds": {
-            source: {"p50": quantile(v, 0.5), "p95": quantile(v, 0.95), "max": max(v)}
-            for source, v in lags.items()
-            if v
-        },
+        "freshness_seconds": lag_quantiles(lags),
+        "lags_seconds": {source: v for source, v in lags.items() if v},
     }
     if restarts is not None:
         run["restarts"] = restarts
     return run
+
+
+def lag_quantiles(lags: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """p50, p95 and max of each source's sorted marker lags (sources without any left out)."""
+    return {
+        source: {"p50": quantile(v, 0.5), "p95": quantile(v, 0.95), "max": max(v)} for source, v in lags.items() if v
+    }
+
+
+def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One method's runs (of the rounds) as one: counts added, rates over the time written,
+    subqueries' means weighted by their numbers, freshness over every marker of every run."""
+    lags: dict[str, list[float]] = {}
+    for run in runs:
+        for source, values in run["lags_seconds"].items():
+            lags.setdefault(source, []).extend(values)
+    lags = {source: sorted(values) for source, values in lags.items()}
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for run in runs:
+        for source, sub in run["subqueries"].items():
+            count[source] = count.get(source, 0) + sub["count"]
+            total[source] = total.get(source, 0.0) + sub["count"] * sub["mean_seconds"]
+    committed = sum(run["source_transactions_committed"] for run in runs)
+    writing = sum(run["writing_seconds"] for run in runs)
+    return {
+        "capture": runs[0]["capture"],
+        "source_transactions_committed": committed,
+        "source_transactions_per_second": committed / writing,
+        "marker_transactions": sum(run["marker_transactions"] for run in runs),
+        "writing_seconds": writing,
+        "converged_seconds_after_writers": max(run["converged_seconds_after_writers"] for run in runs),
+        "watermarks_checked_by_oracle": sum(run["watermarks_checked_by_oracle"] for run in runs),
+        "oracle": "passed",
+        "compensations": sum(run["compensations"] for run in runs),
+        "subqueries": {s: {"count": count[s], "mean_seconds": total[s] / count[s]} for s in sorted(count) if count[s]},
+        "freshness_seconds": lag_quantiles(lags),
+        "lags_seconds": lags,
+    }
 
 
 def subquery_times(counters: Sequence[Any]) -> dict[str, dict[str, float]]:
@@ -342,35 +393,6 @@ def add_anchors(urls: dict[str, str]) -> None:
                 conn.execute(
                     sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row
                 )
-            engine.dispose()
-
-
-def write_markers(urls: dict[str, str], interval: float, stop: threading.Event, commits: list) -> None:
-    """Round-robin over the sources, one marker row per transaction, until ``stop``."""
-    from pvm.bench.three_sources import TABLES
-
-    rows = {
-        "pg": lambda k: {"id": k, "b": 77, "note": "n-marker"},
-        "my": lambda k: {"id": k, "b": 78, "c": 78},
-        "lite": lambda k: {"id": k, "c": 79, "d": "d1"},
-    }
-    engines = {s: sa.create_engine(u, connect_args={"timeout": 30} if s == "lite" else {}) for s, u in urls.items()}
-    try:
-        for n in itertools.count():
-            if stop.is_set():
-                return
-            source = list(MARKERS)[n % len(MARKERS)]
-            key = MARKERS[source][0] + n
-            row = rows[source](key)
-            table = TABLES[source][0]
-            with engines[source].begin() as conn:
-                conn.execute(
-                    sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})"), row
-                )
-            commits.append((source, key, time.perf_counter()))
-            time.sleep(interval)
-    finally:
-        for engine in engines.values():
             engine.dispose()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,10 @@ def print_write_cost(costs: dict[str, dict[str, Any]]) -> None:
             )
 
 
-def print_freshness_run(method: str, run: dict[str, Any]) -> None:
+def print_freshness_run(method: str, run: dict[str, Any], label: str = "") -> None:
     methods = ", ".join(f"{SOURCES[s]} {m}" for s, m in run["capture"].items())
     print(
-        f"view over PostgreSQL + MariaDB + SQLite ({methods}): {run['source_transactions_committed']} random "
+        f"{label}view over PostgreSQL + MariaDB + SQLite ({methods}): {run['source_transactions_committed']} random "
         f"({run['source_transactions_per_second']:.0f} tx/s) and {run['marker_transactions']} marker transactions "
         f"in {run['writing_seconds']:.1f} s; converged {run['converged_seconds_after_writers']:.2f} s after the "
         f"writers; oracle {run['oracle']} at {run['watermarks_checked_by_oracle']} watermarks"
@@ -66,13 +68,22 @@ def print_freshness_run(method: str, run: dict[str, Any]) -> None:
         )
 
 
-def print_freshness_ratios(ratios: dict[str, dict[str, float]]) -> None:
+def print_freshness_ratios(
+    ratios: dict[str, dict[str, float]], by_round: Sequence[dict[str, dict[str, float]]] = ()
+) -> None:
+    """The pooled ratios, and the spread of the p50 ratio over the rounds."""
     goal = GOALS["log_to_trigger_freshness_ratio"]
     for source, ratio in ratios.items():
         note = "  (SQLite: triggers in both runs)" if source == "lite" else f"  (goal <= {goal:.2f})"
+        rounds = sorted(r[source]["p50"] for r in by_round if source in r)
+        spread = (
+            f"; p50 in a round {rounds[0]:.2f}-{rounds[-1]:.2f}, median {statistics.median(rounds):.2f}"
+            if len(rounds) > 1
+            else ""
+        )
         print(
             f"  freshness log/trigger {source:4s}: p50 {ratio['p50']:.2f}, p95 {ratio['p95']:.2f}, "
-            f"max {ratio['max']:.2f}{note}"
+            f"max {ratio['max']:.2f}{spread}{note}"
         )
 
 

@@ -117,6 +117,12 @@ def transaction(conn: sa.Connection, table: str, rng: random.Random, fresh: iter
         return False
 
 
+class Flag(Protocol):
+    """What ``Writers`` waits for: a ``threading.Event``, or a ``multiprocessing`` one."""
+
+    def is_set(self) -> bool: ...
+
+
 @dataclass
 class Writers:
     """Threads committing random transactions, ``connections`` per source, until each has
@@ -127,7 +133,7 @@ class Writers:
     connections: int = 2
     seed: int = 1
     pause: float = 0.003
-    until: threading.Event | None = None
+    until: Flag | None = None
     committed: list[int] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
 
