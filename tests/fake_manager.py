@@ -4,7 +4,8 @@ It behaves like the real receiver where wrappers can tell: ``(source, seq)`` is 
 the acknowledgment covers the contiguous prefix and lists held seqs above a gap. It can
 refuse posts with 503 (``fail_posts`` next posts, all while ``down``, or every part from index
 ``refuse_parts_from`` on), or every post with ``refuse_status`` (a permanent refusal: 413,
-422), and records every
+422), hold each next post for one of ``delays`` (seconds) before handling it (taking others
+meanwhile, as the manager does), and records every
 post, accepted or not, so tests can check what was sent and how often. An update in parts
 is put together as the receiver does (in order from part 0, which starts it afresh; 409
 otherwise, saying what it holds as ``contract.schemas.PartRefusal``, or only why with
@@ -16,6 +17,7 @@ records which (``streams``).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -37,6 +39,7 @@ class FakeManager:
         self.refuse_parts_from: int | None = None
         self.refuse_status: int | None = None
         self.old_refusals = False
+        self.delays: list[float] = []  # seconds each next post waits before it is handled
         self.posts: list[UpdateBatch] = []
         self.streams = 0  # posts that came as update streams
         self.conflicts: list[tuple[int, Update, Update]] = []
@@ -60,6 +63,10 @@ class FakeManager:
                 return JSONResponse({"detail": str(exc)}, status_code=422)
             if self.token is not None and request.headers.get("authorization") != f"Bearer {self.token}":
                 return JSONResponse({"detail": "bad token"}, status_code=401)
+            with self._lock:
+                delay = self.delays.pop(0) if self.delays else 0.0
+            if delay:
+                await asyncio.sleep(delay)  # other posts are taken meanwhile
             with self._lock:
                 self.posts.append(batch)
                 self.streams += stream

@@ -80,7 +80,7 @@ async def ship(url: str, transport: httpx.AsyncBaseTransport, token: str | None 
 
     async with httpx.AsyncClient(transport=transport, base_url=url) as client:
         shipper = Shipper("a", url, client, token, first_wait=0.001, max_wait=0.01, encoding="json")
-        through = await asyncio.wait_for(shipper.send_parts(HEAD, read_part, last_seq=1), 30)
+        through = await asyncio.wait_for(shipper.send_parts(HEAD, read_part, last_seq=lambda: 1), 30)
     return through, shipper
 
 

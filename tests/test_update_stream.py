@@ -145,7 +145,7 @@ async def test_parts_ship_as_streams_and_are_logged_whole(env) -> None:
         client.event_hooks["request"] = [lambda request: _record(posted, request)]
         ship = Shipper("a", "http://pvm.test", client, env.tokens["wrapper_a"], arrow_from=1)
         head = UpdateHead(update.seq, update.txid, update.captured_at, len(parts), 150, 0)
-        assert await ship.send_parts(head, read_part, last_seq=1) == 1
+        assert await ship.send_parts(head, read_part, last_seq=lambda: 1) == 1
         assert (ship.held.now, ship.held.peak) == (0, 40)  # one part at a time
     assert posted == [UPDATE_STREAM_CONTENT_TYPE] * 4
     (entry,) = await env.manager.db(Catalog.log_entries, "a", 0)
@@ -284,9 +284,9 @@ async def test_a_manager_that_refuses_streams_gets_json_from_then_on() -> None:
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(older_manager)) as client:
         ship = Shipper("a", "http://old.test", client, first_wait=0.001)
-        assert await ship.send([*updates_of(150), *updates_of(1, seq=2)], last_seq=2) == 2
+        assert await ship.send([*updates_of(150), *updates_of(1, seq=2)], last_seq=lambda: 2) == 2
         assert not ship.streams
-        assert await ship.send(updates_of(150, seq=3), last_seq=3) == 3
+        assert await ship.send(updates_of(150, seq=3), last_seq=lambda: 3) == 3
     assert seen == [UPDATE_STREAM_CONTENT_TYPE, "application/json", "application/json"]
 
 
@@ -298,9 +298,11 @@ async def test_json_only_sends_no_stream() -> None:
         return httpx.Response(200, json={"through": 1, "held": []})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(manager)) as client:
-        assert await Shipper("a", "http://m.test", client, encoding="json").send(updates_of(500), last_seq=1) == 1
-        assert await Shipper("a", "http://m.test", client).send(updates_of(500), last_seq=1) == 1
-        assert await Shipper("a", "http://m.test", client).send(updates_of(99), last_seq=1) == 1
+        assert (
+            await Shipper("a", "http://m.test", client, encoding="json").send(updates_of(500), last_seq=lambda: 1) == 1
+        )
+        assert await Shipper("a", "http://m.test", client).send(updates_of(500), last_seq=lambda: 1) == 1
+        assert await Shipper("a", "http://m.test", client).send(updates_of(99), last_seq=lambda: 1) == 1
     assert seen == ["application/json", UPDATE_STREAM_CONTENT_TYPE, "application/json"]
     with pytest.raises(ValueError, match="update encoding 'arrow'"):
         Shipper("a", "http://m.test", httpx.AsyncClient(), encoding="arrow")

@@ -184,3 +184,18 @@ async def test_snapshot_threads_are_reused_once_closed(tmp_path: Path) -> None:
         assert engine.pool.checkedout() == 0  # the connection went back at once
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("answers", [(3, 1), (1, 3), (3, 3)])
+def test_the_acknowledged_position_never_moves_backwards(tmp_path: Path, answers: tuple[int, int]) -> None:
+    """The answers of two posts in flight side by side may arrive in any order."""
+    state = WrapperState(tmp_path, "shop")
+    for i in (1, 2, 3):
+        record(state, change(i), outbox_through=i)
+    for through in answers:
+        state.ack(through)
+    assert state.acked_through == 3 and state.pending(10) == []
+    state.close()
+    again = WrapperState(tmp_path, "shop")
+    assert again.acked_through == 3
+    again.close()

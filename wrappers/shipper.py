@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 ReadPart = Callable[[int], Awaitable[list[Change]]]
 """Reads part ``index`` of the update being sent in parts (from the wrapper's state)."""
 
+LastSeq = Callable[[], int]
+"""The last seq the wrapper assigned, asked when an answer comes: it grows while a post is
+retried, and a post beside it may have the manager acknowledge the newer seqs."""
+
 _WHOLE: Any = {"updates": {"__all__": {"part"}}}
 """A whole update's body leaves ``part`` out: it is what managers before parts take."""
 
@@ -160,11 +164,11 @@ class Shipper:
         self.failing: ShipFailure | None = None
         """The current streak of failed posts; None once a post is acknowledged."""
 
-    async def send(self, updates: list[Update], last_seq: int) -> int:
+    async def send(self, updates: list[Update], last_seq: LastSeq) -> int:
         """Post ``updates`` (consecutive seqs) until the manager holds at least the first one.
 
-        Returns the seq through which the manager acknowledged, never above ``last_seq`` (the
-        last seq this wrapper assigned).
+        Returns the seq through which the manager acknowledged, never above ``last_seq()``
+        (the last seq this wrapper assigned).
         """
         bodies: dict[bool, Body] = {}  # encoded once per kind, not on every retry
 
@@ -180,6 +184,26 @@ class Shipper:
         finally:
             self.held.release(changes)
 
+    async def send_ahead(self, updates: list[Update], last_seq: LastSeq) -> int:
+        """One post of ``updates`` (consecutive seqs) while an earlier post may still be under
+        way: the manager holds them above the gap it leaves (``Ack.held``) until it is filled.
+        The seq acknowledged through, which may be below them; ShipError (not retried, and not
+        counted in ``failing``: the caller ships them again in turn) unless the manager holds
+        every one of them."""
+        changes = sum(len(u.changes) for u in updates)
+        self.held.hold(changes)
+        try:
+            ack = await self._acknowledgment(await self.body(updates), last_seq)
+        finally:
+            self.held.release(changes)
+        held = set(ack.held)
+        missing = [u.seq for u in updates if u.seq > ack.through and u.seq not in held]
+        if missing:
+            raise ShipError(
+                f"the manager holds neither seq {missing[0]} nor the ones before it (through {ack.through})"
+            )
+        return ack.through
+
     async def body(self, updates: list[Update]) -> Body:
         """The body of a post of ``updates``: an update stream or JSON, by size (see the
         module's docstring). The stream is encoded off the event loop: it is Python work in
@@ -192,7 +216,7 @@ class Shipper:
         text = UpdateBatch(source=self.source, updates=updates).model_dump_json(exclude=_WHOLE if whole else None)
         return Body(text.encode(), self._headers, stream=False)
 
-    async def send_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int) -> int:
+    async def send_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: LastSeq) -> int:
         """Post ``update``'s parts, each read with ``read_part`` as it goes, from part 0, until
         the manager holds it whole; after a failure, from the first part the manager does not
         hold (see the module's docstring). The seq acknowledged through, as ``send``."""
@@ -217,7 +241,7 @@ class Shipper:
                     )
         return through
 
-    async def _post_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: int, staged: _Staged) -> int:
+    async def _post_parts(self, update: UpdateHead, read_part: ReadPart, last_seq: LastSeq, staged: _Staged) -> int:
         """One try at ``update``, from part ``staged.parts``; ``staged`` follows what the
         manager says it holds as the parts go (0: start over)."""
         if staged.parts:
@@ -256,7 +280,7 @@ class Shipper:
         raise AssertionError("unreachable: the last part returns or raises")
 
     @staticmethod
-    def _refused(error: ShipError, update: UpdateHead, index: int, last_seq: int, staged: _Staged) -> int | None:
+    def _refused(error: ShipError, update: UpdateHead, index: int, last_seq: LastSeq, staged: _Staged) -> int | None:
         """Part ``index`` was refused (409): where to go on, from what the manager says it
         holds (``PartRefusal``) into ``staged``; the seq acknowledged through if the manager
         has the update whole. Part 0 again if it does not say, or its answer does not add up."""
@@ -267,21 +291,21 @@ class Shipper:
             return None  # a manager older than PartRefusal, or another conflict: from part 0
         if refusal.through is None or refusal.parts is None:
             return None
-        if refusal.through > last_seq:
-            raise ShipError(_not_this_history(refusal.through, last_seq)) from error
+        if refusal.through > last_seq():
+            raise ShipError(_not_this_history(refusal.through, last_seq())) from error
         if refusal.through >= update.seq:
             return refusal.through  # its last part was logged, and the answer lost
         if refusal.parts != index and refusal.parts <= min(index + 1, update.parts - 1):
             staged.parts = refusal.parts  # else it refused what it asks for, or holds what was not posted
         return None
 
-    async def _post(self, body: Body, first: int, last_seq: int) -> int:
+    async def _post(self, body: Body, first: int, last_seq: LastSeq) -> int:
         ack = await self._acknowledgment(body, last_seq)
         if ack.through < first:
             raise ShipError(f"the manager acknowledged only through seq {ack.through} (held: {ack.held[:10]})")
         return ack.through
 
-    async def _acknowledgment(self, body: Body, last_seq: int) -> Ack:
+    async def _acknowledgment(self, body: Body, last_seq: LastSeq) -> Ack:
         response = await self._client.post(self._url, content=body.content, headers=body.headers)
         if body.stream and response.status_code in _REFUSED_STREAM:
             self.streams = False
@@ -299,10 +323,10 @@ class Shipper:
             ack = Ack.model_validate_json(response.content)
         except pydantic.ValidationError as exc:
             raise ShipError(f"malformed acknowledgment: {exc}") from exc
-        if ack.through > last_seq:
+        if ack.through > last_seq():
             # Accepting this would drop our updates as duplicates of ones the manager got
             # from an earlier wrapper state: refuse loudly rather than lose them.
-            raise ShipError(_not_this_history(ack.through, last_seq))
+            raise ShipError(_not_this_history(ack.through, last_seq()))
         self.failing = None
         return ack
 

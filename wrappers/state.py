@@ -175,12 +175,16 @@ class WrapperState:
             self._captured.difference_update(outbox_ids)
 
     def ack(self, through: int) -> None:
-        """The manager holds every update with seq <= ``through``: forget them."""
-        with self._mutex, self._transaction():
-            self._db.execute("DELETE FROM pending WHERE seq <= ?", (through,))
-            self._db.execute("DELETE FROM parts WHERE seq <= ?", (through,))
-            self._set("acked_through", through)
-            self.acked_through = through
+        """The manager holds every update with seq <= ``through``: forget them. Never
+        backwards: the answers to two posts in flight side by side may arrive in any order."""
+        with self._mutex:
+            if through <= self.acked_through:
+                return
+            with self._transaction():
+                self._db.execute("DELETE FROM pending WHERE seq <= ?", (through,))
+                self._db.execute("DELETE FROM parts WHERE seq <= ?", (through,))
+                self._set("acked_through", through)
+                self.acked_through = through
 
     def set_interest(self, interest: Interest) -> None:
         with self._mutex, self._transaction():
@@ -188,10 +192,13 @@ class WrapperState:
             self.interest = interest
 
     # -- reads --------------------------------------------------------------------------
-    def pending(self, limit: int) -> list[UpdateHead]:
-        """The oldest ``limit`` unacknowledged updates, in seq order, without their changes."""
+    def pending(self, limit: int, after: int = 0) -> list[UpdateHead]:
+        """The oldest ``limit`` unacknowledged updates with seq above ``after``, in seq order,
+        without their changes."""
         with self._mutex:
-            rows = self._db.execute("SELECT seq, payload FROM pending ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute(
+                "SELECT seq, payload FROM pending WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            ).fetchall()
         return [_head(seq, payload) for seq, payload in rows]
 
     def part(self, seq: int, index: int) -> list[Change]:

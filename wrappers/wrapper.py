@@ -10,7 +10,10 @@ in it gets a seq <= its watermark, and every seq assigned later is above it; it 
 under the ship lock, until all of them are acknowledged, and no further: not at all when
 other shipping already had them acknowledged, looked at again once it holds the lock (the
 shipping it waited for usually had). So one subquery's read can run while another subquery
-or a poll ships, and one post serves every subquery that waited for it. An Interest change
+or a poll ships, and one post serves every subquery that waited for it. A subquery whose
+updates come after the post under way does not wait for that post before sending its own:
+it posts them beside it, once (``_overtake``), and the manager holds them above the gap
+until the first fills it; only then does the ship lock's turn come. An Interest change
 takes only the capture lock: it needs seqs, not acknowledgments, so it never waits for a
 manager that is not taking updates (one that is still starting, say).
 
@@ -77,7 +80,7 @@ from wrappers.priority import PriorityLimiter
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, Fitness
 from wrappers.replica import RowChange
 from wrappers.shared_handshake import SharedHandshakes
-from wrappers.shipper import Shipper
+from wrappers.shipper import ShipError, Shipper
 from wrappers.snapshot import Snapshot
 from wrappers.state import WrapperState, default_state_dir
 from wrappers.update_assembly import Assembly, ChangesOf
@@ -156,6 +159,8 @@ class Wrapper:
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
         self._handshakes = SharedHandshakes(self._snapshot_shipped_through)
         self._shipped_through = self.state.acked_through
+        self._in_flight_through: int | None = None  # the last seq of a post of whole updates under way
+        self._overtaking: asyncio.Event | None = None  # set once a subquery's post past it is done (``_overtake``)
         self._deleted_through = 0
         self._position_recorded_at = 0.0  # log capture: when a read last recorded a bare log position
         self._log_pacing = PollPacing(config.poll_interval)  # log capture: when the next poll reads the log
@@ -400,27 +405,66 @@ class Wrapper:
         if self.state.acked_through >= watermark:
             return
         while self.state.acked_through < watermark:
+            in_flight = self._in_flight_through
+            if in_flight is not None and watermark > in_flight and self._overtaking is None:
+                await self._overtake(in_flight)
             async with self._lock:
                 if self.state.acked_through >= watermark or not await self._ship_batch():
                     break
+
+    async def _overtake(self, in_flight: int) -> None:
+        """A subquery's updates are past the post in flight (through seq ``in_flight``, under
+        the ship lock): post them now, beside it, instead of after its acknowledgment. The
+        manager holds them above the gap until the post in flight fills it
+        (``docs/protocol.md``), and acknowledges through them then: waiting for both posts
+        takes about as long as the one in flight, not the two in a row. One such post at a
+        time, of whole updates, tried once: a failure leaves them to the ship lock's turn,
+        which ships whatever is still unacknowledged (at worst a second time: a post is
+        idempotent per seq)."""
+        assert self._shipper is not None, "start() the wrapper first"
+        done = self._overtaking = asyncio.Event()
+        try:
+            heads = await asyncio.to_thread(self.state.pending, self.config.updates_per_post, in_flight)
+            if not heads or heads[0].parts > 1:
+                return
+            shipped = self._one_post(heads)
+            updates = await asyncio.to_thread(self._whole, shipped)
+            through = await self._shipper.send_ahead(updates, self._last_seq)
+        except (httpx.HTTPError, ShipError) as exc:
+            log.debug("a post past the one in flight failed (the ship lock's turn sends it): %s", exc)
+            return
+        finally:
+            self._overtaking = None
+            done.set()
+        self._shipped_through = max(self._shipped_through, shipped[-1].seq)
+        await asyncio.to_thread(self.state.ack, through)
 
     async def _ship_batch(self) -> bool:
         """Send the oldest pending updates (one post's worth, or one update in parts) and wait
         until they are acknowledged (caller holds the ship lock); False if none was pending."""
         assert self._shipper is not None, "start() the wrapper first"
+        if self._overtaking is not None:  # what it carries is acknowledged once it is done, or goes now
+            await self._overtaking.wait()
         heads = await asyncio.to_thread(self.state.pending, self.config.updates_per_post)
         if not heads:
             return False
         if heads[0].parts > 1:  # acknowledged once it is whole
             shipped = heads[:1]
-            through = await self._shipper.send_parts(shipped[0], self._read_part(shipped[0].seq), self.state.last_seq)
+            through = await self._shipper.send_parts(shipped[0], self._read_part(shipped[0].seq), self._last_seq)
         else:
             shipped = self._one_post(heads)
             updates = await asyncio.to_thread(self._whole, shipped)
-            through = await self._shipper.send(updates, self.state.last_seq)
+            self._in_flight_through = shipped[-1].seq  # a subquery's updates past it may overtake it
+            try:
+                through = await self._shipper.send(updates, self._last_seq)
+            finally:
+                self._in_flight_through = None
         self._shipped_through = max(self._shipped_through, shipped[-1].seq)
         await asyncio.to_thread(self.state.ack, through)
         return True
+
+    def _last_seq(self) -> int:
+        return self.state.last_seq
 
     def _one_post(self, heads: list[UpdateHead]) -> list[UpdateHead]:
         """The first of ``heads``, and the whole updates after it that one post takes along

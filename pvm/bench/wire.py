@@ -41,6 +41,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -314,7 +315,7 @@ async def ship(shipped_sizes: Sequence[int], repeat: int) -> list[dict[str, Any]
                         seq += 1
                         update = update_of(rows, seq)
                         began = time.perf_counter()
-                        assert await shipper.send([update], last_seq=seq) == seq
+                        assert await shipper.send([update], last_seq=partial(int, seq)) == seq
                         seconds.append(time.perf_counter() - began)
                     body = await shipper.body([update])
                     figures[name] = {"seconds": min(seconds), "bytes": len(body.content), "stream": body.stream}
