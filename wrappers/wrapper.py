@@ -363,11 +363,9 @@ class Wrapper:
         self._position_recorded_at = now
         with self._assembly(keep_ids=False) as assembly:
             for transaction in read.transactions:
-                taken = 0
-                while taken < len(transaction.rows):
-                    run = transaction.rows[taken : taken + assembly.room()]
+                rows = iter(transaction.rows)  # a chunk at a time where they spilled to disk
+                while run := list(itertools.islice(rows, assembly.room())):
                     assembly.add(run, transaction.xid, transaction.end)
-                    taken += len(run)
             assembly.finish()
         if read.through > self.state.captured_through:
             self.state.record(None, read.through)

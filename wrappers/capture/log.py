@@ -25,13 +25,14 @@ what their snapshots see.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from wrappers.capture.base import OutboxRow
+from wrappers.capture.log_rows import TransactionRows
 from wrappers.errors import WrapperError
 
 
@@ -40,14 +41,28 @@ class SnapshotRace(WrapperError):
     prefix of the log matches it. Taking a new snapshot a moment later resolves it."""
 
 
+class Rows(Protocol):
+    """A transaction's rows: a tuple, or ``log_rows.TransactionRows`` (spilled to disk past a
+    bound), read by iterating, from the start each time."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[OutboxRow]: ...
+
+
 @dataclass(frozen=True)
 class LogTransaction:
     """One committed source transaction read from the log (its rows of captured tables)."""
 
     xid: str
     end: int  # the log position just after its commit: resuming there skips it
-    rows: tuple[OutboxRow, ...]
+    rows: Rows
     committed_at: float
+
+    def close(self) -> None:
+        """Let go of its rows' file, if they spilled to one (``log_rows``)."""
+        if isinstance(self.rows, TransactionRows):
+            self.rows.close()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ acknowledged updates (feedback on the same connection), MariaDB's binary log sta
 is. A connection that fails ends the stream; the next read starts a new one from its own
 ``after`` (the state's position), so a failure costs a reconnection, never a transaction.
 Memory is bounded: past ``MAX_BUFFERED_ROWS`` rows the thread stops reading (the server
-holds the rest) until reads take them, unless a read is waiting for a position beyond.
+holds the rest) until reads take them, unless a read is waiting for a position beyond; and
+a transaction keeps at most ``log_rows.SPILL_ROWS`` of its rows in memory, the rest in a
+temporary file, closed when the transaction is forgotten or the stream stops.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ class LogStream:
         if self._closed:
             raise WrapperError(f"{self._name}: the log stream is closed")
         with self._changed:
+            for item in self._items:
+                item.transaction.close()
             self._items, self._rows, self._error, self._started = [], 0, None, False
             self._position = self._floor = self._wanted = after
             source = self._source = self._connect()
@@ -168,6 +172,9 @@ class LogStream:
         with self._changed:
             kept = [item for item in self._items if item.transaction.end > after]
             if len(kept) != len(self._items):
+                for item in self._items:
+                    if item.transaction.end <= after:
+                        item.transaction.close()
                 self._items, self._rows = kept, sum(len(item.transaction.rows) for item in kept)
                 self._changed.notify_all()
             self._floor = max(self._floor, after)
@@ -176,6 +183,10 @@ class LogStream:
     def close(self) -> None:
         self._closed = True
         self._stop()
+        with self._changed:
+            for item in self._items:
+                item.transaction.close()
+            self._items, self._rows = [], 0
 
     def _raise_failure(self) -> None:
         if self._error is not None:

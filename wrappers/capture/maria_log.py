@@ -43,6 +43,7 @@ import sqlalchemy as sa
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import check_tables, reason, shown
 from wrappers.capture.log import LogRead, LogTransaction
+from wrappers.capture.log_rows import RowsBuilder
 from wrappers.capture.log_stream import Feed, LogStream, Streamed
 from wrappers.capture.types import wire_value
 from wrappers.errors import WrapperError
@@ -307,7 +308,7 @@ class _BinlogDump:
             enable_logging=False,
             pymysql_wrapper=self._connect,
         )
-        rows: list[OutboxRow] = []
+        rows = RowsBuilder()
         problems: list[str] = []
         current = file
         in_group = standalone = False
@@ -333,13 +334,13 @@ class _BinlogDump:
                     isinstance(event, QueryEvent) and event.query in ("COMMIT", "ROLLBACK")
                 ):
                     self._deliver(feed, end, rows, problems, float(event.timestamp), str(getattr(event, "xid", end)))
-                    rows, problems, in_group = [], [], False
+                    rows, problems, in_group = RowsBuilder(), [], False
                     feed.reached(end)
                 elif isinstance(event, QueryEvent):
                     self._query(event, problems)
                     if standalone or not in_group:  # a statement logged on its own (DDL): its group ends here
                         self._deliver(feed, end, rows, problems, float(event.timestamp), str(end))
-                        rows, problems, in_group = [], [], False
+                        rows, problems, in_group = RowsBuilder(), [], False
                         feed.reached(end)
                 elif event.schema == self._database and event.table in self._columns:
                     self._rows(event, rows, problems)
@@ -353,9 +354,9 @@ class _BinlogDump:
             stream.close()
 
     @staticmethod
-    def _deliver(feed: Feed, end: int, rows: list[OutboxRow], problems: list[str], at: float, xid: str) -> None:
-        if rows or problems:
-            transaction = LogTransaction(xid, end, tuple(rows), at)
+    def _deliver(feed: Feed, end: int, rows: RowsBuilder, problems: list[str], at: float, xid: str) -> None:
+        if len(rows) or problems:
+            transaction = LogTransaction(xid, end, rows.finish(), at)
             feed.transaction(Streamed(transaction, end, problems[0] if problems else None))
 
     def _query(self, event: Any, problems: list[str]) -> None:
@@ -367,7 +368,7 @@ class _BinlogDump:
                 "with DELETE, or register the source again to reload the views"
             )
 
-    def _rows(self, event: Any, rows: list[OutboxRow], problems: list[str]) -> None:
+    def _rows(self, event: Any, rows: RowsBuilder, problems: list[str]) -> None:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent
 
         table = str(event.table)

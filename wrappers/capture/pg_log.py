@@ -49,6 +49,7 @@ from wrappers.capture import pgoutput
 from wrappers.capture.base import OutboxRow
 from wrappers.capture.common import check_tables, reason, shown
 from wrappers.capture.log import LogRead, LogTransaction, visible_prefix
+from wrappers.capture.log_rows import RowsBuilder
 from wrappers.capture.log_stream import LogStream, Streamed
 from wrappers.capture.pg_stream import PgReplication
 from wrappers.capture.types import wire_value
@@ -374,12 +375,12 @@ class _Decoder:
         self._tables = tables
         self._relations: dict[int, pgoutput.Relation] = {}
         self._begin: pgoutput.Begin | None = None
-        self._rows: list[OutboxRow] = []
+        self._rows = RowsBuilder()
         self._problems: list[str] = []
 
     def message(self, message: pgoutput.Message) -> Streamed | None:
         if isinstance(message, pgoutput.Begin):
-            self._begin, self._rows, self._problems = message, [], []
+            self._begin, self._rows, self._problems = message, RowsBuilder(), []
         elif isinstance(message, pgoutput.Relation):
             self._relations[message.relid] = message
         elif isinstance(message, pgoutput.Change):
@@ -405,9 +406,9 @@ class _Decoder:
         elif isinstance(message, pgoutput.Commit):
             begin, rows, problems = self._begin, self._rows, self._problems
             assert begin is not None, "a commit outside of a transaction"
-            self._begin, self._rows, self._problems = None, [], []
-            if rows or problems:
-                transaction = LogTransaction(str(begin.xid), message.end_lsn, tuple(rows), message.committed_at)
+            self._begin, self._rows, self._problems = None, RowsBuilder(), []
+            if len(rows) or problems:
+                transaction = LogTransaction(str(begin.xid), message.end_lsn, rows.finish(), message.committed_at)
                 return Streamed(transaction, message.commit_lsn, problems[0] if problems else None)
         return None
 
