@@ -29,8 +29,11 @@ order lines are supplied by another warehouse, as in TPC-C.
 
 from __future__ import annotations
 
+import os
 import random
+import tempfile
 import time
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -340,13 +343,44 @@ class Writer:
             engine.dispose()
 
 
+def save_commits(commits: list[tuple[int, float]]) -> str:
+    """``commits`` written to a temporary file, whose path is returned: a phase's hundreds
+    of thousands of commit times reach the benchmark's process (the manager's) as a path,
+    read once the phase's memory samples are taken (``load_commits``), not as a message
+    that would land in its memory while it is measured.
+
+    >>> load_commits([save_commits([(7, 1.5), (9, 2.25)])])
+    {7: 1.5, 9: 2.25}
+    """
+    with tempfile.NamedTemporaryFile(prefix="pvm-bench-commits-", delete=False) as out:
+        array("q", (tx for tx, _ in commits)).tofile(out)
+        array("d", (at for _, at in commits)).tofile(out)
+        return out.name
+
+
+def load_commits(paths: list[str]) -> dict[int, float]:
+    """The commit times of ``save_commits``' files, by transaction; the files are removed."""
+    commits: dict[int, float] = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        os.unlink(path)
+        count = len(data) // 16
+        txs, times = array("q"), array("d")
+        txs.frombytes(data[: 8 * count])
+        times.frombytes(data[8 * count :])
+        commits.update(zip(txs, times))
+    return commits
+
+
 def write_phases(urls: dict[str, str], size: Size, writer: int, writers: int, seed: int, commands, results) -> None:
     """A writer process: once connected (it says ``ready`` on ``results``), for each
     ``(rate, seconds)`` taken from ``commands`` (None ends it),
     run TPC-C transactions at ``rate`` a second on a fixed schedule for ``seconds``, then put
     ``(writer, figures, commits)`` on ``results``: the transactions run, how late the
-    schedule fell, and ``(tx, commit time)`` of every source transaction. A process of its
-    own: a thread would share the interpreter of the manager it loads."""
+    schedule fell, and the file holding ``(tx, commit time)`` of every source transaction
+    (``save_commits``). A process of its own: a thread would share the interpreter of the
+    manager it loads."""
     try:
         w = Writer(urls, size, writer, writers, seed)
     except Exception as exc:  # the parent reports it
@@ -374,6 +408,6 @@ def write_phases(urls: dict[str, str], size: Size, writer: int, writers: int, se
                 counts[kind] += 1
             elapsed = time.monotonic() - started
             figures = {"transactions": sum(counts.values()), "seconds": elapsed, "max_behind_schedule_s": late}
-            results.put((writer, {**figures, "mix": counts, "last_error": error}, w.take_commits()))
+            results.put((writer, {**figures, "mix": counts, "last_error": error}, save_commits(w.take_commits())))
     finally:
         w.close()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pvm.bench.spark_deployment import measured, quantile, start_spark_store, write_figures
-from pvm.bench.tpcc import TABLES, VIEWS, Size
+from pvm.bench.tpcc import TABLES, VIEWS, Size, load_commits
 from pvm.cli import CliError
 from pvm.heap import freeze_long_lived
 
@@ -265,7 +265,10 @@ class Workload:
                 sample("catching up")
             await catch_up
         self._check_failed(manager)
-        figures, commits = results
+        figures, commit_files = results
+        commits = await asyncio.to_thread(
+            load_commits, commit_files
+        )  # after the samples: the bench's, not the manager's
         return await self._figures(manager, rate, wrote, time.time() - began - wrote, figures, commits, samples)
 
     async def _catch_up(self, deployment) -> None:
@@ -397,7 +400,7 @@ class Writers:
         for p in self.processes:
             p.start()
         self._reports: list[dict] = []
-        self._commits: dict[int, float] = {}
+        self._commit_files: list[str] = []
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until every writer has started and connected (a spawned interpreter takes seconds)."""
@@ -412,12 +415,13 @@ class Writers:
             ready += 1
 
     def start_phase(self, rate: float, seconds: float) -> None:
-        self._reports, self._commits = [], {}
+        self._reports, self._commit_files = [], []
         for commands in self.commands:
             commands.put((rate / len(self.commands), seconds))
 
-    def results(self) -> tuple[list[dict], dict[int, float]] | None:
-        """Every writer's figures and commit times once all have reported, else None."""
+    def results(self) -> tuple[list[dict], list[str]] | None:
+        """Every writer's figures and the files of its commit times (``tpcc.load_commits``
+        reads them) once all have reported, else None."""
         while True:
             try:
                 _, figures, commits = self.out.get_nowait()
@@ -426,9 +430,9 @@ class Writers:
             if "error" in figures:
                 raise CliError(f"a writer could not start: {figures['error']}")
             self._reports.append(figures)
-            self._commits.update(commits)
+            self._commit_files.append(commits)
         if len(self._reports) == len(self.processes):
-            return self._reports, self._commits
+            return self._reports, self._commit_files
         dead = [p for p in self.processes if not p.is_alive()]
         if dead:
             raise CliError(f"writer process {dead[0].name} ended with code {dead[0].exitcode}")
