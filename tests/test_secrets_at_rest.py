@@ -97,6 +97,8 @@ def test_serve_makes_its_files_private_and_keeps_the_admin_token_out_of_its_log(
     assert token not in err and not TOKEN_PATTERN.search(err), err
     assert str(token_file) in err  # where it is, instead
     assert "changed the modes of" in err
+    frozen = re.search(r"manager started in [0-9.]+ s \(([0-9]+) long-lived objects frozen\)", err)
+    assert frozen is not None and int(frozen.group(1)) > 10_000, err  # out of every full collection (pvm/heap.py)
     assert mode(data_dir) == "0o700"
     assert {mode(p) for p in data_dir.glob("catalog.db*")} == {"0o600"}
     store = [data_dir / "spark", *(data_dir / "spark").rglob("*")]

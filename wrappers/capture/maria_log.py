@@ -273,6 +273,8 @@ class _BinlogDump:
 
         if self._stopped or len(self._opened) >= 2:
             raise WrapperError("the binary log connection was lost" if not self._stopped else "stopped")
+        if "db" in settings:  # the library still names it so; PyMySQL deprecates the name
+            settings["database"] = settings.pop("db")
         connection = pymysql.connect(**settings)
         self._opened.append(connection)
         return connection
