@@ -327,7 +327,6 @@ class Shipper:
             # Accepting this would drop our updates as duplicates of ones the manager got
             # from an earlier wrapper state: refuse loudly rather than lose them.
             raise ShipError(_not_this_history(ack.through, last_seq()))
-        self.failing = None
         return ack
 
     def _failed(self, state: RetryCallState) -> None:

@@ -47,6 +47,7 @@ update like any committed source transaction.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -636,9 +637,7 @@ class Wrapper:
         as it runs: a manager down, or one refusing them for good, 413 or 422, until it is
         fixed or upgraded): the last error, its HTTP status, since when and how many."""
         failing = self._shipper.failing if self._shipper is not None else None
-        if failing is None:
-            return None
-        return {"error": failing.error, "status": failing.status, "since": failing.since, "attempts": failing.attempts}
+        return None if failing is None else dataclasses.asdict(failing)
 
     def health(self) -> dict[str, object]:
         blocked = self.blocked()
