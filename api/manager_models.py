@@ -185,6 +185,9 @@ class ViewCountersOut(BaseModel):
         description="of the compensations, spilled queued updates read from the update log"
     )
     updates_read_back: int = Field(description="spilled queued updates read back into memory as maintenance caught up")
+    unit_parts: int = Field(
+        default=0, description="parts of large units swept and stored one at a time (docs/protocol.md, Units in parts)"
+    )
     commit_groups: int
     peak_running: int
     retries: int = Field(description="steps repeated after a transient fault")
@@ -266,6 +269,7 @@ VIEW_EXAMPLE: dict[str, Any] = {
         "compensations": 57,
         "compensations_from_log": 0,
         "updates_read_back": 0,
+        "unit_parts": 0,
         "commit_groups": 240,
         "peak_running": 4,
         "retries": 0,

@@ -102,6 +102,9 @@ class ManagerCollector(Collector):
             "read_back": counter(
                 "pvm_view_updates_read_back", "Spilled queued updates read back into memory from the update log"
             ),
+            "unit_parts": counter(
+                "pvm_view_unit_parts", "Parts of large maintenance units swept and stored one at a time"
+            ),
             "retries": counter(
                 "pvm_view_retries",
                 "Steps repeated after a transient fault (a source unreachable, the store or the catalog failing)",
@@ -178,6 +181,7 @@ class ManagerCollector(Collector):
                 ("compensations", c.compensations),
                 ("compensations_from_log", c.compensations_from_log),
                 ("read_back", c.updates_read_back),
+                ("unit_parts", c.unit_parts),
                 ("retries", c.retries),
                 ("retrying", len(maintainer.retrying)),
                 ("stalled", 1.0 if m.stalled(handle) else 0.0),

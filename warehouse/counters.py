@@ -60,6 +60,7 @@ class ViewCounters:
     compensations: int = 0
     compensations_from_log: int = 0  # of them, spilled updates read from the update log
     updates_read_back: int = 0  # spilled updates queued in memory again
+    unit_parts: int = 0  # parts of large units swept and stored one at a time (warehouse.unit_parts)
     commit_groups: int = 0
     peak_running: int = 0
     retries: int = 0  # attempts repeated after a transient fault

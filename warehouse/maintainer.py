@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,6 +42,7 @@ from warehouse.sources import SourceClient, SourceError
 from warehouse.sources import is_transient as source_unavailable
 from warehouse.spill import READ_BACK_UPDATES, SpillLog
 from warehouse.store import Effect, StoreError, ViewStore
+from warehouse.store.base import PartStore
 from warehouse.view_change import ChangeStats, ViewChange
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,24 @@ class ViewSettings:
 
 
 @dataclass
+class StoreParts:
+    """Where ``ViewChange`` puts a large unit's parts (``view_change.PartSink``): the view's
+    store, off the event loop, an aggregate view's parts encoded as its commits are."""
+
+    view: str
+    plan: ViewPlan
+    store: PartStore
+    executor: Executor | None
+
+    async def keep(self, order: int, parts: Collection[str]) -> set[str]:
+        return await run_blocking(self.executor, self.store.keep_parts, self.view, order, parts)
+
+    async def put(self, order: int, part: str, effect: ZSet) -> None:
+        stored = effect if self.plan.summary is None else encode(self.plan.summary, effect)
+        await run_blocking(self.executor, self.store.commit_part, self.view, order, part, stored)
+
+
+@dataclass
 class Retry:
     """A step being retried after a transient fault: what, how often, the last error."""
 
@@ -143,6 +162,9 @@ class ViewMaintainer:
         self.on_state = on_state
         self.spill_log = spill_log
         self.view_change = ViewChange(plan, protocol, sources, spill_log)
+        if settings.commit_mode == "out_of_order" and isinstance(store, PartStore):
+            # In arrival mode the raw tables hold only legal states: no part before its turn.
+            self.view_change.parts = StoreParts(name, plan, store, store_executor)
         self.counters = ViewCounters()
         self.paused = False
         self.failed: str | None = None
@@ -337,6 +359,7 @@ class ViewMaintainer:
         self.counters.subqueries += stats.subqueries
         self.counters.compensations += stats.compensations
         self.counters.compensations_from_log += stats.compensations_from_log
+        self.counters.unit_parts += stats.parts
         for source, seconds in stats.subquery_seconds.items():
             for value in seconds:
                 self.counters.subquery(source, value)

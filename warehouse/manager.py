@@ -954,6 +954,7 @@ class Manager:
                 "compensations": c.compensations,
                 "compensations_from_log": c.compensations_from_log,
                 "updates_read_back": c.updates_read_back,
+                "unit_parts": c.unit_parts,
                 "commit_groups": c.commit_groups,
                 "peak_running": c.peak_running,
                 "retries": c.retries,

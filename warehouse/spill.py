@@ -19,7 +19,8 @@ An update logged from parts may be of any size: the receiver hands it to the vie
 only, and each view queues it here (``ViewProtocol.receive_logged``). A read of the log
 holds one such update at most (``Catalog.log_range`` ends a chunk with it), so what a read
 back or a compensation step holds is the budget's chunk plus that one update: a unit that
-maintains it holds its delta (what the view reads of it) whole.
+maintains it holds its delta (what the view reads of it) whole, and sweeps it in parts
+(``warehouse.unit_parts``).
 """
 
 from __future__ import annotations

@@ -25,19 +25,26 @@ asks the counts of the keys its delta touches.
 
 In the Spark store the initial load does not run here but in the store's engine
 (``warehouse.engine_load``), with the same compensation: ``initial_load``.
+
+A unit whose deltas hold more than ``unit_parts.PART_ROWS`` rows is swept in parts, one
+part of one term at a time, and each part's effect goes to the store at once (``parts``,
+``warehouse.unit_parts``): the unit's effect is then empty, and its commit only records the
+order. A view with a LEFT JOIN is swept whole: its NULL-extended rows depend on every row
+of a key's delta at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
 from contract.zset import ZSet, total
-from warehouse import outer_join
+from warehouse import outer_join, unit_parts
 from warehouse.engine_load import EngineLoad
 from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join, matching
 from warehouse.plan import SweepStep, ViewPlan
@@ -58,7 +65,22 @@ class ChangeStats:
     subqueries: int = 0
     compensations: int = 0
     compensations_from_log: int = 0  # of them, spilled updates read from the update log
+    parts: int = 0  # parts swept and stored (0: the unit was swept whole)
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
+
+
+class PartSink(Protocol):
+    """Where a unit swept in parts puts each part's effect: the view's store, under the
+    unit's order (``store.base.PartStore``)."""
+
+    async def keep(self, order: int, parts: Collection[str]) -> set[str]:
+        """Of ``parts``, those of ``order`` stored already; stored parts of it under other
+        names are dropped."""
+        ...
+
+    async def put(self, order: int, part: str, effect: ZSet) -> None:
+        """Store ``effect`` (the view's rows) as part ``part`` of ``order``."""
+        ...
 
 
 class ViewChange:
@@ -75,6 +97,7 @@ class ViewChange:
         self.sources = sources
         self.spill_log = spill_log
         self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
+        self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
@@ -82,12 +105,47 @@ class ViewChange:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
         started = time.time()
+        sizes = self._sizes_in_parts(unit)
+        if sizes:
+            await self._run_in_parts(unit, sizes, started, stats)
+            return ZSet(), stats
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats
 
-    async def _sweep(self, unit: Unit, term: int, started: float, stats: ChangeStats) -> ZSet:
+    def _sizes_in_parts(self, unit: Unit) -> dict[int, int]:
+        """The rows of each term's delta if ``unit`` is swept in parts; empty if whole."""
+        if self.parts is None or unit.initial or self.plan.outer is not None:
+            return {}
+        most = unit_parts.PART_ROWS
+        if sum(len(d) for u in unit.updates for d in u.deltas.values()) <= most:
+            return {}  # the deltas' sum has no more rows than its summands: whole
+        sizes = {term: len(unit.delta(term)) for term in unit.terms()}
+        return sizes if sum(sizes.values()) > most else {}
+
+    async def _run_in_parts(self, unit: Unit, sizes: Mapping[int, int], started: float, stats: ChangeStats) -> None:
+        """Sweep each term's delta part by part, one part at a time, and store each part's
+        effect; the parts the store holds already (a run before a fault or a restart) are
+        skipped, and any other stored part of the unit's order is dropped."""
+        assert self.parts is not None
+        most = unit_parts.PART_ROWS
+        counts = {term: unit_parts.part_count(rows, most) for term, rows in sizes.items()}
+        stored = await self.parts.keep(unit.order, unit_parts.names(sorted(counts.items())))
+        for term, count in sorted(counts.items()):
+            pieces = unit_parts.cut(unit.delta(term), count)
+            for index in range(count):
+                piece, pieces[index] = pieces[index], ZSet()  # held no longer than its sweep
+                name = unit_parts.part_name(term, index, count)
+                if name not in stored:
+                    await self.parts.put(unit.order, name, await self._sweep(unit, term, started, stats, piece))
+                stats.parts += 1
+
+    async def _sweep(
+        self, unit: Unit, term: int, started: float, stats: ChangeStats, delta: ZSet | None = None
+    ) -> ZSet:
+        """Term ``term``'s share of the unit's effect: for ``delta``, a part of the term's
+        delta, if given."""
         changed = None if term == INITIAL_TERM else term
-        partial = ZSet.unit() if changed is None else unit.delta(changed)
+        partial = ZSet.unit() if changed is None else delta if delta is not None else unit.delta(changed)
         for i, step in enumerate(self.plan.sweep(changed)):
             if not partial:
                 return ZSet()

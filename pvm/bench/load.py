@@ -14,6 +14,15 @@ behind its wrapper process with trigger capture, and a three-way join view over 
   Parquet. It is skipped, with the reason, when the drivers are missing (``bash
   scripts/setup.sh`` installs them) or the Spark session was started without them.
 
+With ``--update-rows U``, each size then maintains one large source transaction, twice,
+side by side: PostgreSQL's ``UPDATE`` of U rows of ``r`` (each a delete and an insert of the
+view's delta), maintained **in parts** (``warehouse.unit_parts``: the unit sweeps at most
+``PART_ROWS`` delta rows at once and stores each part's effect as it goes), then the same
+rows changed back and maintained **whole** (parts switched off). For each: the seconds from
+the source's commit until W covers it, and the manager's RSS peak above its level when the
+transaction began. In parts runs first, so that what the whole run leaves allocated cannot
+hide its peak.
+
 Before the measured sizes, both paths run once at ``--warm-up`` rows (reported apart): the
 session's first Spark jobs run before the JIT has compiled them, a cost of the process's
 first minutes, not of a view, which would otherwise fall on whichever path runs first.
@@ -58,6 +67,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mariadb-url", default=MARIADB_URL, help=f"MariaDB server to use (default: {MARIADB_URL})")
     parser.add_argument("--skip-jdbc", action="store_true", help="measure the view's load only")
     parser.add_argument(
+        "--update-rows",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="after each load, one source transaction changing this many rows, maintained in parts "
+        "and then whole, side by side (default: 0, none)",
+    )
+    parser.add_argument(
         "--warm-up",
         type=int,
         default=DEFAULT_WARM_UP,
@@ -94,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     args.sizes = sizes(args.rows)
     if args.warm_up < 0:
         raise CliError("--warm-up takes a row count, 0 for none")
+    if args.update_rows < 0:
+        raise CliError("--update-rows takes a row count, 0 for none")
     figures = measured(args, "pvm-bench-load-", measure)
     report(figures)
     write_figures(args.json, figures, plot)
@@ -127,12 +146,16 @@ def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     for n in args.sizes:
         run_dir = data_dir / f"rows-{n}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        runs.append(asyncio.run(one_size(args, n, run_dir, store, console)))
+        runs.append(asyncio.run(one_size(args, n, run_dir, store, console, min(args.update_rows, n))))
     figures["runs"] = runs
     return figures
 
 
-async def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, console: Any) -> dict[str, Any]:
+async def one_size(
+    args: argparse.Namespace, n: int, run_dir: Path, store: Any, console: Any, update_rows: int = 0
+) -> dict[str, Any]:
+    """Load the view over ``n`` rows per source (and maintain ``update_rows`` changed
+    rows, in parts and whole), then recompute it over JDBC."""
     from pvm.bench.capture import scratch_sources
     from pvm.bench.three_sources import sqlite_file
 
@@ -141,7 +164,7 @@ async def one_size(args: argparse.Namespace, n: int, run_dir: Path, store: Any, 
         with console.status(f"{n:,} rows per source: filling PostgreSQL, MariaDB and SQLite"):
             for source, url in urls.items():
                 await asyncio.to_thread(populate, source, url, n, random.Random(f"{args.seed}-{source}"))
-        figures: dict[str, Any] = {"rows": n, "pvm": await load_view(urls, run_dir, store, console, n)}
+        figures: dict[str, Any] = {"rows": n, "pvm": await load_view(urls, run_dir, store, console, n, update_rows)}
         if not args.skip_jdbc:
             with console.status(f"{n:,} rows per source: the same view in Spark over JDBC"):
                 figures["jdbc"] = await asyncio.to_thread(jdbc_recompute, store.spark, urls, run_dir / "jdbc")
@@ -181,7 +204,9 @@ def populate(source: str, url: str, n: int, rng: random.Random) -> None:
         engine.dispose()
 
 
-async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: Any, n: int) -> dict[str, Any]:
+async def load_view(
+    urls: dict[str, str], run_dir: Path, store: Any, console: Any, n: int, update_rows: int = 0
+) -> dict[str, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pvm.bench.three_sources import TABLES, VIEW, WrapperSet
@@ -227,8 +252,14 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
             raise CliError(f"the view failed to load: {handle.maintainer.failed}")
         engine = handle.maintainer.view_change.initial_load is not None
         rows = await asyncio.to_thread(row_count, store, name)
+        update: dict[str, Any] = {}
+        if update_rows:
+            for way in ("parts", "whole"):
+                with console.status(f"{n:,} rows per source: one transaction of {update_rows:,} rows, {way}"):
+                    update[way] = await large_update(manager, name, urls["pg"], update_rows, way == "parts")
         await manager.drop_view(name)
     return {
+        **({"update": {"rows": update_rows, **update}} if update else {}),
         "seconds": round(seconds, 3),
         "rows_per_s": round(3 * n / seconds, 1),
         "view_rows": rows,
@@ -238,6 +269,54 @@ async def load_view(urls: dict[str, str], run_dir: Path, store: Any, console: An
         # seconds from define to the first sight of each phase (polled every 0.1 s)
         "phases": {phase: round(at - started, 2) for phase, at in seen.items()},
     }
+
+
+async def large_update(manager: Any, view: str, pg_url: str, rows: int, in_parts: bool) -> dict[str, Any]:
+    """One PostgreSQL transaction flipping ``note`` of ``rows`` rows of ``r`` (each a
+    delete and an insert of the view's delta), maintained with units in parts or whole:
+    the seconds from its commit until the view's W covers it, and the manager's RSS."""
+    from warehouse import unit_parts
+
+    handle = manager.view(view)
+    await manager.wait_idle(view)
+    received = handle.maintainer.counters.updates_received
+    saved = unit_parts.PART_ROWS
+    unit_parts.PART_ROWS = saved if in_parts else 2**62
+    parts_before = handle.maintainer.counters.unit_parts
+    try:
+        with rss_peaks({"manager": os.getpid()}, 0.05) as peaks:
+            started = time.perf_counter()
+            await asyncio.to_thread(flip_notes, pg_url, rows)
+            deadline = time.monotonic() + 600
+            while handle.maintainer.counters.updates_received == received:  # captured and shipped
+                if time.monotonic() > deadline:
+                    raise CliError(f"the transaction of {rows:,} rows did not reach the view in 10 minutes")
+                await asyncio.sleep(0.05)
+            await manager.wait_idle(view)
+            seconds = time.perf_counter() - started
+    finally:
+        unit_parts.PART_ROWS = saved
+    if handle.maintainer.failed is not None:
+        raise CliError(f"the view failed to maintain the update: {handle.maintainer.failed}")
+    return {
+        "seconds": round(seconds, 3),
+        "parts": handle.maintainer.counters.unit_parts - parts_before,
+        "manager_rss_start_mib": peaks["manager"]["start_mib"],
+        "manager_rss_peak_mib": peaks["manager"]["peak_mib"],
+        "manager_rss_growth_mib": peaks["manager"]["growth_mib"],
+    }
+
+
+def flip_notes(url: str, rows: int) -> None:
+    """``note`` of the first ``rows`` rows of ``r`` between 'n1' and 'n2', in one transaction."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "UPDATE r SET note = CASE WHEN note = 'n1' THEN 'n2' ELSE 'n1' END WHERE id <= %s", (rows,)
+            )
+    finally:
+        engine.dispose()
 
 
 def row_count(store: Any, view: str) -> int:
@@ -318,6 +397,24 @@ def report(figures: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    updated = [run for run in figures["runs"] if "update" in run["pvm"]]
+    if updated:
+        table = Table(title="one large source transaction, maintained in parts and whole")
+        for column in ("rows/source", "rows changed", "parts", "in parts s", "whole s", "RSS growth parts", "whole"):
+            table.add_column(column, justify="right")
+        for run in updated:
+            update = run["pvm"]["update"]
+            parts, whole = update["parts"], update["whole"]
+            table.add_row(
+                f"{run['rows']:,}",
+                f"{update['rows']:,}",
+                f"{parts['parts']}",
+                f"{parts['seconds']:.2f}",
+                f"{whole['seconds']:.2f}",
+                f"{parts['manager_rss_growth_mib']:.0f} MiB",
+                f"{whole['manager_rss_growth_mib']:.0f} MiB",
+            )
+        console.print(table)
     if warm := figures.get("warm_up"):
         jdbc = warm.get("jdbc", {})
         console.print(

@@ -4,13 +4,17 @@ A view's contents are the sum of its committed effects (Z-sets). Each effect car
 order number of the maintenance unit that produced it; effects may be committed in any
 order (they commute) and a read ``as_of=W`` sums the effects with order <= W. Committing an
 order that is already stored is a no-op, so a commit repeated after a crash is harmless.
+
+A store may also take a unit's effect in parts before the unit is committed
+(``PartStore``, ``warehouse.unit_parts``): they are summed under the unit's order like an
+effect, so a read as of a W below the order does not see them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from contract.zset import ZSet
 
@@ -138,3 +142,20 @@ class ViewStore(Protocol):
         (``warehouse.health.StoreProbe``)."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PartStore(Protocol):
+    """A store that takes a unit's effect in parts (``warehouse.unit_parts``). A part is
+    stored under the unit's order number, and read as of W like any effect of that order;
+    the order is not committed by it (``committed_orders`` leaves it out). A commit of
+    the order's whole effect replaces its parts, so a unit maintained whole after a part of
+    it was stored is counted once."""
+
+    def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:
+        """Store ``delta`` as part ``part`` of ``order``, in one write that readers see whole
+        or not at all; a part stored already is replaced (a part is the same every time)."""
+
+    def keep_parts(self, view: str, order: int, parts: Collection[str]) -> set[str]:
+        """Drop the stored parts of ``order`` not named in ``parts``; return those named
+        that are stored."""

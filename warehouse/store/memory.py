@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from contract.zset import ZSet
 from warehouse.store.base import Effect, Engine, StoreError, Summed, ViewRecord
@@ -15,6 +15,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._effects: dict[str, dict[int, ZSet]] = {}
+        self._parts: dict[str, dict[int, dict[str, ZSet]]] = {}  # by view, then order: a unit's parts
         self._columns: dict[str, tuple[str, ...]] = {}
         self._published: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -53,6 +54,7 @@ class MemoryStore:
         with self._lock:
             self._columns.pop(view, None)
             self._effects.pop(view, None)
+            self._parts.pop(view, None)
             self._published.pop(view, None)
 
     def _view(self, view: str) -> dict[int, ZSet]:
@@ -64,9 +66,25 @@ class MemoryStore:
     def commit(self, view: str, effects: Sequence[Effect]) -> None:
         with self._lock:
             stored = self._view(view)
+            parts = self._parts.get(view, {})
             for e in effects:
-                stored.setdefault(e.order, e.delta.copy())
+                if e.order not in stored:
+                    stored[e.order] = e.delta.copy()
+                    parts.pop(e.order, None)  # the whole effect replaces its parts
             self.commit_log.append(tuple(e.order for e in effects))
+
+    def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:
+        with self._lock:
+            self._view(view)
+            self._parts.setdefault(view, {}).setdefault(order, {})[part] = delta.copy()
+
+    def keep_parts(self, view: str, order: int, parts: Collection[str]) -> set[str]:
+        with self._lock:
+            self._view(view)
+            stored = self._parts.get(view, {}).get(order, {})
+            for name in set(stored) - set(parts):
+                del stored[name]
+            return set(stored)
 
     def publish(self, view: str, watermark: int) -> None:
         with self._lock:
@@ -82,6 +100,10 @@ class MemoryStore:
             for order, delta in self._view(view).items():
                 if as_of is None or order <= as_of:
                     out.add_all(delta)
+            for order, parts in self._parts.get(view, {}).items():
+                if as_of is None or order <= as_of:
+                    for delta in parts.values():
+                        out.add_all(delta)
             return out
 
     def committed_orders(self, view: str) -> set[int]:

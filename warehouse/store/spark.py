@@ -44,7 +44,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,7 +57,17 @@ from warehouse.store.base import BASE_PREFIX, VERSIONS_DB, ZLOG_PREFIX, Effect, 
 from warehouse.store.compaction import ZlogStats
 from warehouse.store.file_access import store_files
 from warehouse.store.spark_compaction import write_compacted
-from warehouse.store.spark_files import Footer, append_file, link, part_files, read_footer, remove, remove_unfinished
+from warehouse.store.spark_files import (
+    Footer,
+    append_file,
+    link,
+    part_files,
+    read_footer,
+    remove,
+    remove_unfinished,
+    unit_part,
+    unit_part_file,
+)
 from warehouse.store.spark_names import ORDER, check_columns, check_view_name, version_table
 from warehouse.store.spark_records import JsonStoreCatalog, StoreCatalog, ViewMeta, in_ranges, merge_ranges
 from warehouse.store.spark_rows import RowCodec, parse_type, shown_codec
@@ -78,6 +88,7 @@ class _View:
     meta: ViewMeta
     codec: RowCodec
     zlog_orders: set[int]  # committed orders whose rows are in the z-log
+    parts: dict[int, set[str]] = field(default_factory=dict)  # units' parts in the z-log, by order
     lock: threading.RLock = field(default_factory=threading.RLock)  # commits, reads, swaps
     compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
     dropped: bool = False
@@ -190,10 +201,16 @@ class SparkStore:
         self._register(self.base_table(view), meta.base_location, codec.base_schema)
         self._register(self.zlog_table(view), meta.zlog_location, codec.zlog_schema)
         self._register_versions(view, meta, codec)
-        if not part_files(meta.zlog_location):  # a new view's: no Spark job to find no order
-            return _View(view, meta, codec, set())
-        orders = self._spark.sql(f"SELECT DISTINCT {ORDER} FROM {self.zlog_table(view)}")
-        return _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()))
+        files = part_files(meta.zlog_location)
+        parts: dict[int, set[str]] = {}
+        for file in files:
+            if (named := unit_part(file)) is not None:
+                parts.setdefault(named[0], set()).add(named[1])
+        commits = [f for f in files if unit_part(f) is None]  # a unit's parts do not commit its order
+        if not commits:  # a new view's: no Spark job to find no order
+            return _View(view, meta, codec, set(), parts)
+        orders = self._spark.read.schema(codec.zlog_schema).parquet(*commits).select(ORDER).distinct()
+        return _View(view, meta, codec, set(orders.toArrow().column(0).to_pylist()), parts)
 
     def _register(self, table: str, location: str, schema: StructType) -> None:
         store_files().make_dir(Path(location))
@@ -387,6 +404,30 @@ class SparkStore:
                 # current until it is there, and a swap after it carries it over.
                 append_file(table, state.meta.zlog_location)
                 state.zlog_orders.update(fresh)
+                for order in fresh:  # the whole effect replaces the unit's parts
+                    self._drop_parts(state, order, state.parts.pop(order, set()))
+
+    def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:
+        """One Parquet file of its own, named by the order and the part (``unit_part_file``):
+        written again, it replaces itself. No Spark job, as ``commit``."""
+        with self._hold(view) as state:
+            table = state.codec.effects_table([Effect(order, delta)])
+            append_file(table, state.meta.zlog_location, unit_part_file(order, part))
+            state.parts.setdefault(order, set()).add(part)
+
+    def keep_parts(self, view: str, order: int, parts: Collection[str]) -> set[str]:
+        with self._hold(view) as state:
+            stored = state.parts.get(order, set())
+            self._drop_parts(state, order, stored - set(parts))
+            stored &= set(parts)
+            return set(stored)
+
+    @staticmethod
+    def _drop_parts(state: _View, order: int, parts: Collection[str]) -> None:
+        """Delete parts of an order above W: no reader as of W reads them."""
+        for part in parts:
+            Path(state.meta.zlog_location, unit_part_file(order, part)).unlink(missing_ok=True)
+            state.parts.get(order, set()).discard(part)
 
     def staging_dir(self, view: str) -> Path:
         """Where a view's initial load stages its relations (``warehouse.engine_load``): beside
@@ -549,6 +590,8 @@ class SparkStore:
             )
             self._save(state, meta)  # listeners move the analysts' view to the new pair at once
             state.zlog_orders -= folded
+            # units' parts up to W are in the base now; those after it were linked, names and all
+            state.parts = {o: parts for o, parts in state.parts.items() if o > start.watermark}
             return True
 
     def _retire(self, tables: Sequence[str] = (), locations: Sequence[str] = ()) -> None:

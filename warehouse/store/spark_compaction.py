@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from warehouse.store.file_access import store_files
-from warehouse.store.spark_files import Footer, link, part_files
+from warehouse.store.spark_files import Footer, link, part_files, unit_part
 from warehouse.store.spark_names import ORDER, WEIGHT
 from warehouse.store.spark_records import ViewMeta
 from warehouse.store.spark_rows import RowCodec
@@ -44,11 +44,14 @@ def write_compacted(
 
     Each Spark job reads only the files that hold rows for it (by the ``_order`` range
     in their footers); a job with no such file is not run: the old base is linked into
-    the new version, or the new z-log starts empty."""
+    the new version, or the new z-log starts empty. The rows after W are rewritten into few
+    files, except a unit's parts (``spark_files.unit_part_file``, one order each): they are
+    linked into the new z-log as they are, keeping the names that say which part they are."""
     bound = start.watermark
     spans = {f: footer.span for f, footer in zip(zlog_files, footers)}
     upto = [f for f, span in spans.items() if span is None or span[0] <= bound]
-    after = [f for f, span in spans.items() if span is None or span[1] > bound]
+    later = {f for f, span in spans.items() if unit_part(f) is not None and span is not None and span[0] > bound}
+    after = [f for f, span in spans.items() if (span is None or span[1] > bound) and f not in later]
     if upto:
         base = _read(spark, codec.base_schema, [start.base_location])
         zlog = _read(spark, codec.zlog_schema, upto).where(F.col(ORDER) <= bound).drop(ORDER)
@@ -71,3 +74,4 @@ def write_compacted(
         zlog.write.mode("overwrite").parquet(new_zlog)
     else:
         store_files().make_dir(Path(new_zlog))
+    link(sorted(later), new_zlog)

@@ -13,6 +13,7 @@ file that appears in it is read by the next query of every session, whoever wrot
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Sequence
@@ -25,7 +26,17 @@ import pyarrow.parquet as pq
 from warehouse.store.file_access import store_files
 from warehouse.store.spark_names import ORDER
 
-__all__ = ["Footer", "append_file", "link", "part_files", "read_footer", "remove", "remove_unfinished"]
+__all__ = [
+    "Footer",
+    "append_file",
+    "link",
+    "part_files",
+    "read_footer",
+    "remove",
+    "remove_unfinished",
+    "unit_part",
+    "unit_part_file",
+]
 
 UNFINISHED = ".pvm-append-"
 """The name prefix of a file being written: hidden, so Spark's listing skips it (Spark skips
@@ -38,6 +49,28 @@ names starting with '.' or '_'), and ours, so that a restart can tell what a cra
 # TIMESTAMP_MICROS) where Spark's default is INT96; Spark reads both into the same values.
 # Statistics are on (pyarrow's default): the compactor reads ``_order``'s min and max.
 _PARQUET_OPTIONS = {"compression": "snappy", "store_decimal_as_integer": True, "coerce_timestamps": "us"}
+
+
+_UNIT_PART = re.compile(r"part-o([0-9]+)-(.+)\.snappy\.parquet\Z")
+
+
+def unit_part_file(order: int, part: str) -> str:
+    """The name of the file that holds part ``part`` of unit ``order`` (``PartStore``):
+    the same every time the part is written, so a part written again replaces itself. A
+    commit's own files are ``part-<hex>``, which never start with ``part-o``.
+
+    >>> unit_part_file(12, "t0.3of9"), unit_part(unit_part_file(12, "t0.3of9"))
+    ('part-o12-t0.3of9.snappy.parquet', (12, 't0.3of9'))
+    >>> unit_part("part-3f2a.snappy.parquet") is None
+    True
+    """
+    return f"part-o{order}-{part}.snappy.parquet"
+
+
+def unit_part(name: str) -> tuple[int, str] | None:
+    """The order and part a file holds, if it is a unit's part (``unit_part_file``)."""
+    match = _UNIT_PART.match(os.path.basename(name))
+    return None if match is None else (int(match.group(1)), match.group(2))
 
 
 def part_files(location: str) -> list[str]:
@@ -76,15 +109,16 @@ def _order_span(meta: pq.FileMetaData) -> tuple[int, int] | None:
     return None if low is None or high is None else (low, high)  # both are set together
 
 
-def append_file(table: pa.Table, location: str) -> str:
+def append_file(table: pa.Table, location: str, name: str | None = None) -> str:
     """Add ``table`` to the table version at ``location`` as one new Parquet file; returns
     its path. The file is written under a hidden name, flushed to disk, then renamed to a
-    ``part-`` name no file had before: a reader lists the whole file or nothing of it, and a
-    crash leaves at most a hidden file (``remove_unfinished``). The directory is flushed
-    after the rename, so the file is there after a crash of the machine once this returns
-    (the caller records the commit next). Its modes are the store's (``store_files``)."""
+    ``part-`` name no file had before (or to ``name``, replacing a file of that name at
+    once): a reader lists the whole file or nothing of it, and a crash leaves at most a
+    hidden file (``remove_unfinished``). The directory is flushed after the rename, so the
+    file is there after a crash of the machine once this returns (the caller records the
+    commit next). Its modes are the store's (``store_files``)."""
     directory = Path(location)
-    name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+    name = name or f"part-{uuid.uuid4().hex}.snappy.parquet"
     unfinished = directory / f"{UNFINISHED}{name}"
     try:
         with open(store_files().create_file(unfinished), "wb") as out:
