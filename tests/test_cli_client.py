@@ -170,7 +170,8 @@ def test_pause_resume_and_query(tmp_path, capsys):
 
 class FakeWrapper:
     """A wrapper's HTTP API (schema and health) on a loopback port, reporting ``method`` as
-    its capture method: enough for the manager to register it."""
+    its capture method: enough for the manager to register it. ``shipping_error``: what
+    its health reports of failing posts (None: they get through)."""
 
     def __init__(self, method: str) -> None:
         from fastapi import FastAPI
@@ -178,6 +179,7 @@ class FakeWrapper:
         from api.wrapper_app import Health, Held
 
         app = FastAPI()
+        self.shipping_error: dict | None = None
 
         @app.get("/v1/schema")
         def schema() -> dict:
@@ -194,6 +196,7 @@ class FakeWrapper:
                 acked_through=0,
                 pending=0,
                 capture={"method": method},
+                shipping_error=self.shipping_error,
                 held=Held(
                     capturing=0, capturing_peak=0, shipping=0, shipping_peak=0, part_changes=100_000, part_bytes=1 << 23
                 ),
@@ -268,7 +271,13 @@ def test_source_add_checks_the_wrapper(tmp_path, capsys):
         assert json.loads(out)["capture"] == "timestamp" and json.loads(out)["relations"] == {"T": ["k", "v"]}
         assert registered() == ["c"]
         code, out, _ = pvm(capsys, "source", "show", "c", *admin)
-        assert code == 0 and "timestamp" in out and "reachable" in out
+        assert code == 0 and "timestamp" in out and "reachable" in out and "shipping failing" not in out
+        # the wrapper's posts refused for good: shown, with how long and how often
+        refused = {"error": "HTTP 413: update too large", "status": 413, "since": time.time() - 90, "attempts": 12}
+        wrapper.shipping_error = refused
+        code, out, _ = pvm(capsys, "source", "show", "c", *admin)
+        assert code == 0 and "shipping failing" in out and "HTTP 413: update too large" in out, out
+        assert "12 attempts in 9" in out, out
 
 
 def test_source_add_help_names_the_wrapper_address(capsys):

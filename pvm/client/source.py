@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import time
+
+from rich.markup import escape
 
 from contract.schemas import CAPTURE_METHODS, wrapper_url_problem
 from pvm.cli import CliError
@@ -103,11 +106,28 @@ def run(args: argparse.Namespace) -> int:
                 ("last seq received", source["last_seq"]),
                 ("held above a gap", _held(source)),
                 ("wrapper health", wrapper),
+                *(("capture blocked", text) for text in [_failing(health.get("blocked"))] if text),
+                *(("shipping failing", text) for text in [_failing(health.get("shipping_error"))] if text),
                 *(("change log", log) for log in [_change_log(health.get("capture"))] if log),
                 *((f"table {t}", ", ".join(cols)) for t, cols in sorted(source["relations"].items())),
             ],
         )
         return 0
+
+
+def _failing(record: object, now: float | None = None) -> str | None:
+    """A capture loop, or the wrapper's posts of updates, failing again and again: the last
+    error, how many attempts and since how long; None while nothing fails.
+
+    >>> _failing({"error": "HTTP 413: update too large", "status": 413, "since": 100.0, "attempts": 7}, now=160.0)
+    '[red]HTTP 413: update too large[/red] (7 attempts in 60 s)'
+    >>> _failing(None) is None
+    True
+    """
+    if not isinstance(record, dict):
+        return None
+    elapsed = max(0.0, (time.time() if now is None else now) - float(record.get("since") or 0.0))
+    return f"[red]{escape(str(record.get('error')))}[/red] ({record.get('attempts')} attempts in {elapsed:.0f} s)"
 
 
 def _change_log(capture: object) -> str | None:
