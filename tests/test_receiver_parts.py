@@ -129,6 +129,18 @@ def test_parts_are_staged_then_logged_as_one_seq(catalog: Catalog) -> None:
     )
     assert [e.seq for e in catalog.log_range("a", 0, 3, 10)] == [1, 2]
     assert [e.seq for e in catalog.log_range("a", 2, 3, 10)] == [3]
+    # read through a function, the update of parts is never joined: its changes come a
+    # part at a time, as often as the function goes through them, and the same as whole
+    seen: list[tuple[bool, int, int]] = []
+
+    def read(e: LogEntry) -> str:
+        seen.append((isinstance(e.changes, list), sum(1 for _ in e.changes), sum(1 for _ in e.changes)))
+        return content_digest(list(e.changes))
+
+    read_back = catalog.log_range_read("a", 0, 3, 10, read)
+    assert [(r.seq, r.parts) for r in read_back] == [(1, 0), (2, 3)]
+    assert read_back[1].value == content_digest(whole) and seen[1] == (False, 7, 7)
+    assert catalog.log_ids_read([entry.id], read)[entry.id].value == content_digest(whole)
 
     # pruned, its parts go with it
     pruned = catalog.prune(PruneReach({"a": 2}), before=float("inf"), most=10, keep_units=0)

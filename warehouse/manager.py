@@ -670,17 +670,13 @@ class Manager:
         held = ViewProtocol.held_after_restart(recorded)
         kept = [u for u in units if u.order in held]
         ids = sorted({i for u in kept for i in u.log_ids})
-        entries = {
-            e.id: e
-            for start in range(0, len(ids), LOG_IDS_PER_READ)
-            for e in await self.db(Catalog.log_entries, None, 0, ids[start : start + LOG_IDS_PER_READ])
-        }
+        updates: dict[int, ViewUpdate | None] = {}
+        for first in range(0, len(ids), LOG_IDS_PER_READ):
+            # what the view reads of each, made on the catalog's thread, parts one at a time
+            read = await self.db(Catalog.log_ids_read, ids[first : first + LOG_IDS_PER_READ], handle.extractor)
+            updates.update((i, e.value) for i, e in read.items())
         rebuilt = [
-            Unit(
-                u.order,
-                tuple(v for v in (handle.extractor(entries[i]) for i in u.log_ids) if v is not None),
-                initial=not u.log_ids,
-            )
+            Unit(u.order, tuple(v for v in (updates[i] for i in u.log_ids) if v is not None), initial=not u.log_ids)
             for u in kept
         ]
         folded_order, start = info.start()

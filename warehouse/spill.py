@@ -17,10 +17,10 @@ among its source's updates up to it (``release_order``).
 
 An update logged from parts may be of any size: the receiver hands it to the views by name
 only, and each view queues it here (``ViewProtocol.receive_logged``). A read of the log
-holds one such update at most (``Catalog.log_range`` ends a chunk with it), so what a read
-back or a compensation step holds is the budget's chunk plus that one update: a unit that
-maintains it holds its delta (what the view reads of it) whole, and sweeps it in parts
-(``warehouse.unit_parts``).
+holds one such update at most (``Catalog.log_range`` ends a chunk with it), read a part at
+a time into what the view reads of it, so what a read back or a compensation step holds is
+the budget's chunk plus that one update's delta: a unit that maintains it holds its delta
+whole, and sweeps it in parts (``warehouse.unit_parts``).
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def release_order(by_source: Mapping[str, Sequence[LoggedEntry]], most: int) -> 
 class CatalogSpillLog:
     """``SpillLog`` over the catalog's update log, for one view: ``extract`` makes of a
     logged update what the view received of it (None: nothing), ``released_through`` says
-    up to which seq a source's updates are released (later ones may sit behind a gap)."""
+    up to which seq a source's updates are released (later ones may sit behind a gap).
+    ``extract`` runs on the catalog's thread, going through an update logged from parts a
+    part at a time (``Catalog.log_range_read``): what a read holds of it is the view's
+    delta, never its changes joined."""
 
     def __init__(
         self,
@@ -137,15 +140,21 @@ class CatalogSpillLog:
         by_source: dict[str, list[LoggedEntry]] = {}
         for source, seq in after.items():
             released = self.released_through(source)
-            entries = await self.db(Catalog.log_range, source, seq, released, most) if released > seq else []
-            by_source[source] = [LoggedEntry(e.id, e.seq, self.extract(e), e.parts > 0) for e in entries]
+            entries = (
+                await self.db(Catalog.log_range_read, source, seq, released, most, self.extract)
+                if released > seq
+                else []
+            )
+            by_source[source] = [LoggedEntry(e.id, e.seq, e.value, e.parts > 0) for e in entries]
         return release_order(by_source, most)
 
     async def spilled(self, spilled: SpilledRange) -> AsyncIterator[list[ViewUpdate]]:
         after = spilled.after
         while after < spilled.through:
-            entries = await self.db(Catalog.log_range, spilled.source, after, spilled.through, SPILLED_CHUNK)
+            entries = await self.db(
+                Catalog.log_range_read, spilled.source, after, spilled.through, SPILLED_CHUNK, self.extract
+            )
             if not entries:
                 return
-            yield [update for e in entries if (update := self.extract(e)) is not None]
+            yield [e.value for e in entries if e.value is not None]
             after = entries[-1].seq

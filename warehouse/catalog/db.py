@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Integer, create_engine, delete, event, func, insert, literal, select, update
 from sqlalchemy.engine import CursorResult, Engine, Result, make_url
@@ -103,10 +103,21 @@ class LogEntry:
     id: int
     source: str
     seq: int
-    changes: list[dict[str, Any]]
+    changes: Iterable[dict[str, Any]]  # a list; where read through a function, parts one at a time
     captured_at: float | None
     received_at: float
     parts: int = 0  # logged from this many parts (0: whole); a read of the log ends with such an entry
+
+
+@dataclass(frozen=True)
+class ReadEntry(Generic[T]):
+    """A logged update as a function made it, on the catalog's thread (``log_range_read``,
+    ``log_ids_read``): its id, seq and number of parts, and what ``read`` returned."""
+
+    id: int
+    seq: int
+    parts: int
+    value: T
 
 
 @dataclass(frozen=True)
@@ -611,15 +622,33 @@ class Catalog:
         chunk ends early with an update logged from parts: it may be of any size, so a
         chunk holds one at most."""
         with Session(self.engine) as s:
-            q = (
-                select(LogRow)
-                .where(LogRow.source == source, LogRow.seq > after_seq, LogRow.seq <= through_seq)
-                .order_by(LogRow.seq)
-                .limit(limit)
-            )
-            rows = list(s.scalars(q))
-            parted = next((i for i, r in enumerate(rows) if r.parts), len(rows))
-            return [_entry(r, self._parts(s, r)) for r in rows[: parted + 1]]
+            return [_entry(r, self._parts(s, r)) for r in self._range(s, source, after_seq, through_seq, limit)]
+
+    def log_range_read(
+        self, source: str, after_seq: int, through_seq: int, limit: int, read: Callable[[LogEntry], T]
+    ) -> list[ReadEntry[T]]:
+        """``log_range``, each entry made into ``read(entry)`` here: an update logged from
+        parts is read a part at a time as ``read`` goes through its changes (each time it
+        does), so its changes are never joined, and only what ``read`` keeps stays."""
+        with Session(self.engine) as s:
+            return [_read(s, r, read) for r in self._range(s, source, after_seq, through_seq, limit)]
+
+    def log_ids_read(self, ids: Sequence[int], read: Callable[[LogEntry], T]) -> dict[int, ReadEntry[T]]:
+        """The log entries ``ids``, each made into ``read(entry)`` as ``log_range_read`` does."""
+        with Session(self.engine) as s:
+            return {r.id: _read(s, r, read) for r in s.scalars(select(LogRow).where(LogRow.id.in_(list(ids))))}
+
+    @staticmethod
+    def _range(s: Session, source: str, after_seq: int, through_seq: int, limit: int) -> list[LogRow]:
+        q = (
+            select(LogRow)
+            .where(LogRow.source == source, LogRow.seq > after_seq, LogRow.seq <= through_seq)
+            .order_by(LogRow.seq)
+            .limit(limit)
+        )
+        rows = list(s.scalars(q))
+        parted = next((i for i, r in enumerate(rows) if r.parts), len(rows))
+        return rows[: parted + 1]
 
     def log_releases(self, ids: Sequence[int]) -> list[LogEntry | LogRef]:
         """The log entries ``ids`` as the receiver releases them: whole, or named only
@@ -886,6 +915,30 @@ class Catalog:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
         return True
+
+
+class _PartChanges:
+    """The changes of an update logged from parts, read from the log a part at a time
+    whenever they are gone through: never joined. Valid while its session is open."""
+
+    def __init__(self, s: Session, log_id: int) -> None:
+        self._s = s
+        self._log_id = log_id
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        of_this = LogPartRow.log_id == self._log_id
+        for index in list(self._s.scalars(select(LogPartRow.part).where(of_this).order_by(LogPartRow.part))):
+            changes: list[dict[str, Any]] = self._s.scalars(
+                select(LogPartRow.changes).where(of_this, LogPartRow.part == index)
+            ).one()
+            yield from changes
+
+
+def _read(s: Session, row: LogRow, read: Callable[[LogEntry], T]) -> ReadEntry[T]:
+    """``read`` of the entry of ``row``; the changes of one logged from parts, a part at a time."""
+    changes = _PartChanges(s, row.id) if row.parts else row.changes
+    entry = LogEntry(row.id, row.source, row.seq, changes, row.captured_at, row.received_at, row.parts)
+    return ReadEntry(row.id, row.seq, row.parts, read(entry))
 
 
 def _entry(row: LogRow, parts: list[dict[str, Any]] | None = None) -> LogEntry:
