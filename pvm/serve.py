@@ -38,6 +38,7 @@ log = logging.getLogger("pvm.serve")
 def configure(parser: argparse.ArgumentParser) -> None:
     from warehouse.log_pruning import DEFAULT_RETENTION_S
     from warehouse.protocol import DEFAULT_QUEUE_BUDGET
+    from warehouse.unit_parts import PART_ROWS
 
     config_file.add_to(parser)
     parser.add_argument(
@@ -158,6 +159,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the most changes a view's queue of updates not yet maintained holds in memory; past it the queue's tail "
         f"stays in the update log and is read back as maintenance catches up (default: {DEFAULT_QUEUE_BUDGET})",
+    )
+    parser.add_argument(
+        "--unit-part-rows",
+        type=int,
+        default=PART_ROWS,
+        metavar="N",
+        help="the most delta rows a maintenance unit sweeps at once: a larger unit (a transaction of many rows, or a "
+        "merged backlog) is swept in parts, each part's effect stored as soon as it is computed, so that memory "
+        f"follows the part and not the unit (default: {PART_ROWS})",
     )
     parser.add_argument(
         "--log-retention",
@@ -413,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
             catalog_key_file=key_file,
             seq_window=args.seq_window,
             max_queued_changes=args.max_queued_changes,
+            unit_part_rows=args.unit_part_rows,
             max_verifications=args.max_verifications,
             change_log_warning_bytes=args.change_log_warning_mb << 20,
             log_pruning=None if args.keep_update_log else LogPruning(retention_s=args.log_retention),
@@ -519,6 +530,8 @@ def check_options(args: argparse.Namespace) -> dict[str, str]:
         raise CliError("--seq-window must be at least 1")
     if args.max_queued_changes < 1:
         raise CliError("--max-queued-changes must be at least 1")
+    if args.unit_part_rows < 1:
+        raise CliError("--unit-part-rows must be at least 1")
     if args.max_verifications < 1:
         raise CliError("--max-verifications must be at least 1")
     if not (math.isfinite(args.log_retention) and args.log_retention >= 0):

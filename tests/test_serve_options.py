@@ -107,7 +107,9 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications", "--max-queued-changes"])
+@pytest.mark.parametrize(
+    "option", ["--seq-window", "--max-verifications", "--max-queued-changes", "--unit-part-rows"]
+)
 def test_counts_must_be_positive(tmp_path, capsys, value: str, option: str) -> None:
     code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"{option}={value}")
     assert code == 2 and option in err, err
@@ -144,6 +146,8 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
                 "50",
                 "--max-queued-changes",
                 "300",
+                "--unit-part-rows",
+                "2000",
                 "--max-verifications",
                 "2",
                 "--change-log-warning-mb",
@@ -160,6 +164,7 @@ def test_commit_linger_reaches_the_manager(tmp_path, capsys, monkeypatch) -> Non
         "stall_after_s": 60.0,
         "seq_window": 50,
         "max_queued_changes": 300,
+        "unit_part_rows": 2000,
         "max_verifications": 2,
         "change_log_warning_bytes": 64 << 20,
         "log_pruning": LogPruning(retention_s=86400.0),

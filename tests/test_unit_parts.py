@@ -127,3 +127,17 @@ async def test_a_restart_in_the_middle_of_a_unit_keeps_the_parts_it_stored(tmp_p
         assert len(store.stored) == len(set(store.stored)) == 7  # the first three not again
     finally:
         await manager.stop()
+
+
+async def test_the_manager_bound_sets_the_part_size(tmp_path):
+    """``pvm serve --unit-part-rows`` reaches every view: parts of at most five rows here."""
+    store = PartCountingStore()
+    manager, sources = await start_sim_manager(tmp_path / "catalog.db", TABLES, store=store, unit_part_rows=5)
+    try:
+        await define(manager, sources)
+        insert_many(sources)
+        await sources["a"].ship()
+        assert await converged(manager, sources)
+        assert manager.status("v")["counters"]["unit_parts"] == unit_parts.part_count(ROWS, 5) == 4
+    finally:
+        await manager.stop()

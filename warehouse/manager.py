@@ -168,6 +168,7 @@ class Manager:
         stall_after_s: float = STALL_AFTER_S,
         seq_window: int = DEFAULT_SEQ_WINDOW,
         max_queued_changes: int | None = DEFAULT_QUEUE_BUDGET,
+        unit_part_rows: int | None = None,
         source_watch_s: float = SOURCE_WATCH_S,
         max_verifications: int = MAX_VERIFICATIONS,
         blocking_executor: Executor | None = None,
@@ -184,7 +185,8 @@ class Manager:
         asked; ``change_log_warning_bytes``: change log kept for a source's log capture
         above which the manager warns; ``max_queued_changes``: the changes a view's UMQ holds
         in memory, past which its tail stays in the update log (``warehouse.spill``; None:
-        no bound); ``max_verifications``: verifications run at once over all views
+        no bound); ``unit_part_rows``: the most delta rows a unit sweeps at once, past which
+        it is swept in parts (``warehouse.unit_parts``; None: its ``PART_ROWS``); ``max_verifications``: verifications run at once over all views
         (``warehouse.verify``); ``log_pruning``: when and how the update log and the unit
         records no reader needs any more are removed (``warehouse.log_pruning``; None: kept
         for good); ``protocol``: makes a view's protocol state from its
@@ -207,6 +209,7 @@ class Manager:
         self.connect = connect or (lambda name, url: HttpSourceClient(name, url, self.manager_tokens.get(name)))
         self.new_protocol = protocol  # (parallelism, batch_size) -> a view's protocol state
         self.max_queued_changes = max_queued_changes
+        self.unit_part_rows = unit_part_rows
         self.commit_group_size = commit_group_size
         self.commit_linger = commit_linger
         self.backoff = backoff or Backoff()
@@ -611,6 +614,8 @@ class Manager:
             spill_log=spill_log,
         )
         maintainer.view_change.initial_load = self._engine_load(plan, protocol, spill_log)
+        if self.unit_part_rows is not None:
+            maintainer.view_change.part_rows = self.unit_part_rows
         handle = ViewHandle(info, plan, extractor, maintainer, None)
         return handle
 

@@ -26,7 +26,8 @@ asks the counts of the keys its delta touches.
 In the Spark store the initial load does not run here but in the store's engine
 (``warehouse.engine_load``), with the same compensation: ``initial_load``.
 
-A unit whose deltas hold more than ``unit_parts.PART_ROWS`` rows is swept in parts, one
+A unit whose deltas hold more than ``part_rows`` rows (``unit_parts.PART_ROWS`` unless the
+manager is given another bound) is swept in parts, one
 part of one term at a time, and each part's effect goes to the store at once (``parts``,
 ``warehouse.unit_parts``): the unit's effect is then empty, and its commit only records the
 order. A view with a LEFT JOIN is swept whole: its NULL-extended rows depend on every row
@@ -98,6 +99,7 @@ class ViewChange:
         self.spill_log = spill_log
         self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
         self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
+        self.part_rows = unit_parts.PART_ROWS  # the most delta rows swept at once, with ``parts``
 
     async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
         stats = ChangeStats()
@@ -116,7 +118,7 @@ class ViewChange:
         """The rows of each term's delta if ``unit`` is swept in parts; empty if whole."""
         if self.parts is None or unit.initial or self.plan.outer is not None:
             return {}
-        most = unit_parts.PART_ROWS
+        most = self.part_rows
         if sum(len(d) for u in unit.updates for d in u.deltas.values()) <= most:
             return {}  # the deltas' sum has no more rows than its summands: whole
         sizes = {term: len(unit.delta(term)) for term in unit.terms()}
@@ -127,8 +129,7 @@ class ViewChange:
         effect; the parts the store holds already (a run before a fault or a restart) are
         skipped, and any other stored part of the unit's order is dropped."""
         assert self.parts is not None
-        most = unit_parts.PART_ROWS
-        counts = {term: unit_parts.part_count(rows, most) for term, rows in sizes.items()}
+        counts = {term: unit_parts.part_count(rows, self.part_rows) for term, rows in sizes.items()}
         stored = await self.parts.keep(unit.order, unit_parts.names(sorted(counts.items())))
         for term, count in sorted(counts.items()):
             pieces = unit_parts.cut(unit.delta(term), count)

@@ -283,13 +283,12 @@ async def large_update(manager: Any, view: str, pg_url: str, rows: int, in_parts
     """One PostgreSQL transaction flipping ``note`` of ``rows`` rows of ``r`` (each a
     delete and an insert of the view's delta), maintained with units in parts or whole:
     the seconds from its commit until the view's W covers it, and the manager's RSS."""
-    from warehouse import unit_parts
-
     handle = manager.view(view)
     await manager.wait_idle(view, timeout=3600)
     received = handle.maintainer.counters.updates_received
-    saved = unit_parts.PART_ROWS
-    unit_parts.PART_ROWS = saved if in_parts else 2**62
+    change = handle.maintainer.view_change
+    saved = change.part_rows
+    change.part_rows = saved if in_parts else 2**62
     parts_before = handle.maintainer.counters.unit_parts
     try:
         with rss_peaks({"manager": os.getpid()}, 0.05) as peaks:
@@ -303,7 +302,7 @@ async def large_update(manager: Any, view: str, pg_url: str, rows: int, in_parts
             await manager.wait_idle(view, timeout=3600)
             seconds = time.perf_counter() - started
     finally:
-        unit_parts.PART_ROWS = saved
+        change.part_rows = saved
     if handle.maintainer.failed is not None:
         raise CliError(f"the view failed to maintain the update: {handle.maintainer.failed}")
     return {
