@@ -24,7 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from wrappers.capture.base import FETCH_ROWS, OUTBOX, Op, OutboxRow
+from wrappers.capture.base import FETCH_ROWS, OUTBOX, Op, OutboxRow, skip_clause
 from wrappers.capture.common import (
     check_tables,
     delete_outbox,  # noqa: F401  (this dialect's part of the capture interface)
@@ -201,12 +201,13 @@ def read_outbox(conn: sa.Connection, after: int, skip: Container[int] = ()) -> G
     all at once (one update holds them) or not at all. The values are read as
     text and decoded here, so that skipped rows are not decoded (psycopg decodes a
     ``jsonb`` column with ``json.loads`` too)."""
+    skipped, params = skip_clause(skip)  # whole transactions: the others' largest ids stay
     result: sa.CursorResult[int, str, str, Op, str | None, str | None] = conn.execute(
         sa.text(
-            f"SELECT id, txid::text, relation, op, old::text, new::text FROM {OUTBOX} WHERE id > :after "
+            f"SELECT id, txid::text, relation, op, old::text, new::text FROM {OUTBOX} WHERE id > :after{skipped} "
             "ORDER BY max(id) OVER (PARTITION BY txid), id"
         ),
-        {"after": after},
+        {"after": after, **params},
         execution_options={"yield_per": FETCH_ROWS},
     )
     with result:
