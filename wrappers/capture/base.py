@@ -9,8 +9,9 @@ do; ``OUTBOX_IDS_IN_COMMIT_ORDER = True``), the wrapper remembers the highest id
 and reads only newer rows, then deletes acknowledged rows by id range (``delete_outbox``).
 With concurrent writers (PostgreSQL, MariaDB) a sequence value is taken when a row is
 written, not when its transaction commits, so a smaller id can become visible later: the
-wrapper reads every visible row, skips the ids its state records as captured (without
-decoding them: ``read_outbox``'s ``skip``), and deletes
+wrapper reads every visible row, skips the ids its state records as captured (most of them
+on the server, ``skip_clause``; the others before decoding them: ``read_outbox``'s
+``skip``), and deletes
 acknowledged rows by id (``delete_outbox_ids``), forgetting them only afterwards.
 """
 
