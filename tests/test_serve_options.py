@@ -107,9 +107,7 @@ def test_commit_linger_must_be_finite_and_not_negative(tmp_path, capsys, value: 
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
-@pytest.mark.parametrize(
-    "option", ["--seq-window", "--max-verifications", "--max-queued-changes", "--unit-part-rows"]
-)
+@pytest.mark.parametrize("option", ["--seq-window", "--max-verifications", "--max-queued-changes", "--unit-part-rows"])
 def test_counts_must_be_positive(tmp_path, capsys, value: str, option: str) -> None:
     code, err = pvm(capsys, "serve", "--data-dir", str(tmp_path / "d"), "--store", "memory", f"{option}={value}")
     assert code == 2 and option in err, err

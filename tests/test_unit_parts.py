@@ -141,3 +141,34 @@ async def test_the_manager_bound_sets_the_part_size(tmp_path):
         assert manager.status("v")["counters"]["unit_parts"] == unit_parts.part_count(ROWS, 5) == 4
     finally:
         await manager.stop()
+
+
+async def test_a_unit_cut_into_parts_then_run_whole_is_counted_once(tmp_path):
+    """Restarted with a larger part bound, a unit stopped between its parts runs whole, and
+    the parts stored before are dropped, even where its whole effect is empty and so writes
+    nothing that would replace them: here every changed R row keeps its key and passes the
+    view's predicate, and the view shows S's column only."""
+    store = PartCountingStore(hold_from=4)
+    catalog = tmp_path / "catalog.db"
+    manager, sources = await start_sim_manager(catalog, TABLES, store=store)
+    sources["a"].load("R", [(k, "x") for k in range(ROWS)])
+    sources["b"].load("S", [(k, 10 * k) for k in range(ROWS)])
+    await manager.define_view("SELECT S.w FROM a.R, b.S WHERE R.k = S.k AND R.v <> 'z'", "v", parallelism=2)
+    await manager.wait_idle("v")
+    store.calls = 0
+    renamed = [("R", -1, (k, "x")) for k in range(ROWS)] + [("R", 1, (k, "y")) for k in range(ROWS)]
+    sources["a"].commit(renamed)
+    await sources["a"].ship()
+    await until(lambda: store.calls >= 4)
+    await manager.stop()
+    store.abandoned = True
+    store.released.set()
+    await asyncio.sleep(0.05)
+    assert len(store.stored) == 3 and store.read("v") != store.read("v", as_of=1)  # the parts show past W
+
+    manager, _ = await start_sim_manager(catalog, TABLES, store=store, sources=sources, unit_part_rows=1000)
+    try:
+        assert await converged(manager, sources)  # no part of the first run is left in the view
+        assert manager.status("v")["counters"]["unit_parts"] == 0
+    finally:
+        await manager.stop()

@@ -276,6 +276,7 @@ class ViewMaintainer:
             self._wake.clear()
             while self._may_start() and self.protocol.can_start():
                 unit = self.protocol.restart()  # numbered units that wait go first
+                again = unit is not None  # run before: parts of it may be stored
                 if unit is None:
                     unit = self.protocol.start()
                     self.history.number([unit])  # at once: its updates are no longer queued
@@ -283,7 +284,7 @@ class ViewMaintainer:
                     start = partial(self.db, Catalog.start_unit, self.name, unit.order, log_ids)
                     await self._retrying("start", start, always)
                 self.counters.units_started += 1
-                self._spawn(unit)
+                self._spawn(unit, again)
             self._shelve_if_held()
             self._read_back_if_low()
             self._check_idle()
@@ -323,21 +324,22 @@ class ViewMaintainer:
             self._reading_back = False
             self._wake.set()
 
-    def _spawn(self, unit: Unit) -> None:
+    def _spawn(self, unit: Unit, again: bool = False) -> None:
+        """Maintain ``unit``; ``again``: it ran before (a restart, or a fault that set it aside)."""
         self.progress_at = time.monotonic()
         self.counters.peak_running = max(self.counters.peak_running, len(self.protocol.ppu))
-        task = asyncio.create_task(self._maintain(unit), name=f"vc-{self.name}-{unit.order}")
+        task = asyncio.create_task(self._maintain(unit, again), name=f"vc-{self.name}-{unit.order}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _maintain(self, unit: Unit) -> None:
+    async def _maintain(self, unit: Unit, again: bool = False) -> None:
         clock = asyncio.get_running_loop().time  # the loop's: virtual in the replayed schedules
         took = 0.0
 
         async def attempt() -> tuple[ZSet, ChangeStats]:
             nonlocal took
             began = clock()
-            done = await self.view_change.run(unit)
+            done = await self.view_change.run(unit, again)
             took = clock() - began  # the attempt that succeeded: what a unit of its size costs
             return done
 

@@ -101,7 +101,10 @@ class ViewChange:
         self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
         self.part_rows = unit_parts.PART_ROWS  # the most delta rows swept at once, with ``parts``
 
-    async def run(self, unit: Unit) -> tuple[ZSet, ChangeStats]:
+    async def run(self, unit: Unit, again: bool = False) -> tuple[ZSet, ChangeStats]:
+        """The unit's effect, and what computing it cost. ``again``: the unit ran before (a
+        restart, or a fault that set it aside), so parts of it may be stored: a run in parts
+        skips them, a whole run drops them (its effect, empty perhaps, replaces them)."""
         stats = ChangeStats()
         if unit.initial and self.initial_load is not None:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
@@ -111,6 +114,8 @@ class ViewChange:
         if sizes:
             await self._run_in_parts(unit, sizes, started, stats)
             return ZSet(), stats
+        if again and self.parts is not None and not unit.initial:
+            await self.parts.keep(unit.order, ())  # cut into parts before (a larger part bound then)
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats
 
