@@ -44,9 +44,11 @@ async def side_by_side(*starts: Awaitable[T]) -> list[T]:
 
 class LocalDeployment:
     def __init__(self, data_dir: Path, store=None, port: int = 0) -> None:
+        from pvm.heap import arrow_from_the_c_allocator
         from warehouse.manager import Manager
         from warehouse.store.memory import MemoryStore
 
+        arrow_from_the_c_allocator()  # as pvm serve does
         self.data_dir = data_dir
         self.manager = Manager(catalog_url(data_dir), store or MemoryStore())
         self.wrappers: dict[str, WrapperProcess] = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pvm import config_file
 from pvm.cli import CliError
-from pvm.heap import freeze_long_lived
+from pvm.heap import arrow_from_the_c_allocator, freeze_long_lived
 from pvm.secret_options import SecretOption
 
 DEFAULT_DATA_DIR = Path(os.environ.get("PVM_DATA_DIR", "var/pvm"))
@@ -402,6 +402,7 @@ def run(args: argparse.Namespace) -> int:
     from warehouse.manager import Manager
 
     setup_logging(args.log_level)
+    arrow_from_the_c_allocator()  # memory Arrow frees goes back (pvm/heap.py)
     spark_conf = check_options(args)  # before anything starts: a refusal leaves nothing behind
     secure_data_dir(args.data_dir, args.analyst_user if args.store == "spark" else None)
     url = catalog_url(args.data_dir, args.catalog)

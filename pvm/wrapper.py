@@ -434,6 +434,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from api.wrapper_app import create_app
     from contract.file_modes import restrict_umask
+    from pvm.heap import arrow_from_the_c_allocator
     from pvm.http_server import http_url, listen, serve_until_stopped, setup_logging, uvicorn_server
     from wrappers.parts import PartLimits
     from wrappers.state import default_state_dir
@@ -464,6 +465,7 @@ def _serve(args: argparse.Namespace) -> int:
         update_encoding=args.update_encoding,
         part_limits=PartLimits(args.part_changes, args.part_bytes),
     )
+    arrow_from_the_c_allocator()  # as the manager does (pvm/heap.py)
     try:
         wrapper = Wrapper(config)
     except BaseException:

@@ -1,14 +1,18 @@
-"""The manager's long-lived objects leave the collector's generations (pvm/heap.py)."""
+"""The manager's long-lived objects leave the collector's generations, and Arrow allocates
+from the C library (pvm/heap.py)."""
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from pvm.heap import freeze_long_lived
+from pvm.heap import ARROW_POOL_VARIABLE, freeze_long_lived
 
 
 @pytest.fixture
@@ -37,3 +41,14 @@ def test_freezing_keeps_live_objects_out_of_collections_and_drops_garbage(unfree
     # objects made afterwards are collected as before
     later = Node()
     assert id(later) in {id(o) for o in gc.get_objects(0)}
+
+
+@pytest.mark.parametrize(("chosen", "backend"), [(None, "system"), ("jemalloc", "jemalloc")])
+def test_arrow_allocates_from_the_c_library_unless_a_pool_is_chosen(chosen: str | None, backend: str) -> None:
+    """In a process of its own: the pool is the process's default from then on."""
+    env = {k: v for k, v in os.environ.items() if k != ARROW_POOL_VARIABLE}
+    if chosen is not None:
+        env[ARROW_POOL_VARIABLE] = chosen
+    code = "from pvm.heap import arrow_from_the_c_allocator as use; import pyarrow as pa; print(use(), pa.array([1]).buffers()[1] is not None)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [backend, "True"]
