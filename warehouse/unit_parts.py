@@ -7,8 +7,8 @@ rows asked (``ViewProtocol.concurrent_deltas``), so each part, swept on its own 
 compensated as the whole delta would be, gives its share of the term's effect exactly, and
 the parts' effects sum to the unit's (docs/protocol.md, "Units in parts").
 
-``ViewChange`` sweeps a unit whose deltas hold more than ``PART_ROWS`` rows in parts and
-hands each part's effect to the store at once, under the unit's order number
+``ViewChange`` sweeps a unit whose deltas hold more than ``PART_ROWS`` rows (or the bound
+``pvm serve --unit-part-rows`` gives) in parts and hands each part's effect to the store at once, under the unit's order number
 (``PartStore.commit_part``). Readers read the store as of W, and W passes the order only
 once the CommitManager has committed the unit, after its last part: the parts are there
 before, invisible. A unit so maintained holds one part's partial results at a time, never

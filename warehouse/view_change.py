@@ -27,10 +27,9 @@ In the Spark store the initial load does not run here but in the store's engine
 (``warehouse.engine_load``), with the same compensation: ``initial_load``.
 
 A unit whose deltas hold more than ``part_rows`` rows (``unit_parts.PART_ROWS`` unless the
-manager is given another bound) is swept in parts, one
-part of one term at a time, and each part's effect goes to the store at once (``parts``,
-``warehouse.unit_parts``): the unit's effect is then empty, and its commit only records the
-order. A view with a LEFT JOIN is swept whole: its NULL-extended rows depend on every row
+manager is given another bound) is swept in parts, one part of one term at a time, and each
+part's effect goes to the store at once (``parts``, ``warehouse.unit_parts``): the unit's
+effect is then empty, and its commit only records the order. A view with a LEFT JOIN is swept whole: its NULL-extended rows depend on every row
 of a key's delta at once.
 """
 
@@ -66,7 +65,7 @@ class ChangeStats:
     subqueries: int = 0
     compensations: int = 0
     compensations_from_log: int = 0  # of them, spilled updates read from the update log
-    parts: int = 0  # parts swept and stored (0: the unit was swept whole)
+    parts: int = 0  # parts swept and stored (0: the unit was swept whole, or its parts were stored before)
     subquery_seconds: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -143,7 +142,7 @@ class ViewChange:
                 name = unit_parts.part_name(term, index, count)
                 if name not in stored:
                     await self.parts.put(unit.order, name, await self._sweep(unit, term, started, stats, piece))
-                stats.parts += 1
+                    stats.parts += 1
 
     async def _sweep(
         self, unit: Unit, term: int, started: float, stats: ChangeStats, delta: ZSet | None = None
