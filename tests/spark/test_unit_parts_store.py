@@ -4,12 +4,15 @@ compaction (``warehouse.unit_parts``, docs/protocol.md "Units in parts")."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from contract.zset import ZSet
+from warehouse.store import spark as spark_module
 from warehouse.store.base import Effect, PartStore
 from warehouse.store.spark import SparkStore
 from warehouse.store.spark_files import part_files, unit_part
@@ -69,3 +72,26 @@ def test_compaction_folds_parts_up_to_w_and_keeps_later_ones_by_name(spark_store
     assert parts_on_disk(spark_store, view) == {(3, "t1.0of2"), (3, "t1.1of2")}
     assert spark_store.keep_parts(view, 3, ["t1.0of2", "t1.1of2"]) == {"t1.0of2", "t1.1of2"}
     assert spark_store.keep_parts(view, 2, ["t0.0of1"]) == set()  # folded: a committed order's
+
+
+def test_a_part_dropped_during_a_compaction_stays_dropped(
+    spark_store: SparkStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction links a later order's part into its new z-log from its snapshot; a
+    part dropped before its swap is deleted there too, not carried over."""
+    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
+    spark_store.commit(view, [Effect(1, ZSet({A: 1}))])
+    spark_store.commit_part(view, 2, "t0.0of2", ZSet({B: 1}))
+    spark_store.publish(view, 1)
+    write = spark_module.write_compacted
+
+    def write_while_dropping(*args: Any) -> None:
+        write(*args)  # the part is linked into the new z-log by now
+        dropper = threading.Thread(target=lambda: spark_store.keep_parts(view, 2, ["t0.0of3"]))
+        dropper.start()
+        dropper.join()
+
+    monkeypatch.setattr(spark_module, "write_compacted", write_while_dropping)
+    assert spark_store.compact(view)
+    assert parts_on_disk(spark_store, view) == set()
+    assert spark_store.read(view, as_of=2) == ZSet({A: 1})

@@ -89,6 +89,7 @@ class _View:
     codec: RowCodec
     zlog_orders: set[int]  # committed orders whose rows are in the z-log
     parts: dict[int, set[str]] = field(default_factory=dict)  # units' parts in the z-log, by order
+    dropped_parts: set[str] = field(default_factory=set)  # part files deleted while a compaction ran
     lock: threading.RLock = field(default_factory=threading.RLock)  # commits, reads, swaps
     compaction: threading.Lock = field(default_factory=threading.Lock)  # one at a time
     dropped: bool = False
@@ -424,10 +425,15 @@ class SparkStore:
 
     @staticmethod
     def _drop_parts(state: _View, order: int, parts: Collection[str]) -> None:
-        """Delete parts of an order above W: no reader as of W reads them."""
+        """Delete parts of an order above W: no reader as of W reads them. (Under the view
+        lock.) A compaction running meanwhile may have linked them into its new z-log
+        already: its swap deletes them there too."""
         for part in parts:
-            Path(state.meta.zlog_location, unit_part_file(order, part)).unlink(missing_ok=True)
+            name = unit_part_file(order, part)
+            Path(state.meta.zlog_location, name).unlink(missing_ok=True)
             state.parts.get(order, set()).discard(part)
+            if state.compaction.locked():
+                state.dropped_parts.add(name)
 
     def staging_dir(self, view: str) -> Path:
         """Where a view's initial load stages its relations (``warehouse.engine_load``): beside
@@ -579,6 +585,9 @@ class SparkStore:
             # Appended since the snapshot, all above its W: carried over as they are, so the
             # commits this lock holds up wait for file links, not for a Spark job.
             link(sorted(set(part_files(start.zlog_location)) - set(snapshot)), target.zlog_location)
+            for name in state.dropped_parts:  # units' parts dropped since the snapshot
+                Path(target.zlog_location, name).unlink(missing_ok=True)
+            state.dropped_parts.clear()
             meta = replace(
                 state.meta,
                 base_location=target.base_location,
