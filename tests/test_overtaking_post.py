@@ -107,3 +107,33 @@ async def test_a_retried_post_takes_an_answer_that_covers_seqs_assigned_meanwhil
             assert watermark == 2 and wrapper.state.acked_through == 2
             assert wrapper.health()["shipping_error"] is None
     assert [u.changes[0].row["id"] for u in manager.updates("src")] == [1, 2]
+
+
+async def test_updates_acknowledged_while_a_post_beside_reads_them_are_left_alone(tmp_path: Path) -> None:
+    """A post beside the one in flight read updates that an earlier post beside it had
+    delivered; the post in flight is acknowledged through them, which forgets them, before
+    their changes are read: the second post beside gives way, and nothing fails."""
+    with FakeManager() as manager:
+        manager.delays = [SLOW]  # the post in flight
+        async with wrapper_of(tmp_path, manager) as (wrapper, path):
+            shipping = await post_in_flight(wrapper, path)
+            insert(path, 2)
+            await wrapper._capture_locked()
+            await wrapper._overtake(1)  # seq 2, held above the gap by the manager
+            insert(path, 3)
+            await wrapper._capture_locked()
+            whole = wrapper._whole
+
+            def after_the_acknowledgment(heads):  # on a thread, as the post beside reads them
+                deadline = time.monotonic() + 10
+                while wrapper.state.acked_through < 2:  # seq 1's post fills the gap: through 2
+                    assert time.monotonic() < deadline, "the post in flight was never acknowledged"
+                    time.sleep(0.005)
+                return whole(heads)
+
+            wrapper._whole = after_the_acknowledgment  # type: ignore[method-assign]
+            await wrapper._overtake(1)  # reads seqs 2 and 3; seq 2 is forgotten before its changes
+            await shipping
+            wrapper._whole = whole  # type: ignore[method-assign]
+            await wrapper._ship_pending()
+            assert manager.through("src") == 3

@@ -427,7 +427,14 @@ class Wrapper:
             if not heads or heads[0].parts > 1:
                 return
             shipped = self._one_post(heads)
-            updates = await asyncio.to_thread(self._whole, shipped)
+            try:
+                updates = await asyncio.to_thread(self._whole, shipped)
+            except WrapperError:
+                # The post in flight was acknowledged through them meanwhile (an earlier post
+                # beside it had delivered them), and the acknowledgment forgot them.
+                if self.state.acked_through >= shipped[0].seq:
+                    return
+                raise
             through = await self._shipper.send_ahead(updates, self._last_seq)
         except (httpx.HTTPError, ShipError) as exc:
             log.debug("a post past the one in flight failed (the ship lock's turn sends it): %s", exc)
