@@ -1,6 +1,5 @@
 """A unit's parts in the Spark store: read as of their order, never committing it, found by
-name after a restart, replaced by the unit's whole effect, and kept by name through a
-compaction (``warehouse.unit_parts``, docs/protocol.md "Units in parts")."""
+name after a restart, dropped when asked, and kept by name through a compaction (``warehouse.unit_parts``, docs/protocol.md "Units in parts")."""
 
 from __future__ import annotations
 
@@ -47,16 +46,6 @@ def test_parts_are_read_as_of_their_order_and_do_not_commit_it(
     assert restarted.keep_parts(view, 2, ["t0.0of3"]) == set()  # cut otherwise: the old parts go
     assert parts_on_disk(restarted, view) == set()
     assert restarted.read(view, as_of=2) == ZSet({A: 1})
-
-
-def test_the_whole_effect_of_an_order_replaces_its_parts(spark_store: SparkStore, view: str) -> None:
-    spark_store.create(view, ["k", "name"], types=["BIGINT", "STRING"])
-    spark_store.commit_part(view, 1, "t0.0of2", ZSet({A: 1}))
-    spark_store.commit_part(view, 1, "t0.1of2", ZSet({B: 1}))
-    spark_store.commit(view, [Effect(1, ZSet({A: 1, B: 1}))])
-    assert parts_on_disk(spark_store, view) == set()
-    assert spark_store.read(view, as_of=1) == ZSet({A: 1, B: 1})
-    assert spark_store.committed_orders(view) == {1}
 
 
 def test_compaction_folds_parts_up_to_w_and_keeps_later_ones_by_name(spark_store: SparkStore, view: str) -> None:

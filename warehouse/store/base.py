@@ -148,9 +148,9 @@ class ViewStore(Protocol):
 class PartStore(Protocol):
     """A store that takes a unit's effect in parts (``warehouse.unit_parts``). A part is
     stored under the unit's order number, and read as of W like any effect of that order;
-    the order is not committed by it (``committed_orders`` leaves it out). A commit of
-    the order's whole effect replaces its parts, so a unit maintained whole after a part of
-    it was stored is counted once."""
+    the order is not committed by it (``committed_orders`` leaves it out). A unit run whole
+    after parts of it were stored drops them first (``keep_parts`` with none named), so
+    nothing is counted twice."""
 
     def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:
         """Store ``delta`` as part ``part`` of ``order``, in one write that readers see whole

@@ -66,11 +66,8 @@ class MemoryStore:
     def commit(self, view: str, effects: Sequence[Effect]) -> None:
         with self._lock:
             stored = self._view(view)
-            parts = self._parts.get(view, {})
             for e in effects:
-                if e.order not in stored:
-                    stored[e.order] = e.delta.copy()
-                    parts.pop(e.order, None)  # the whole effect replaces its parts
+                stored.setdefault(e.order, e.delta.copy())
             self.commit_log.append(tuple(e.order for e in effects))
 
     def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:

@@ -405,8 +405,6 @@ class SparkStore:
                 # current until it is there, and a swap after it carries it over.
                 append_file(table, state.meta.zlog_location)
                 state.zlog_orders.update(fresh)
-                for order in fresh:  # the whole effect replaces the unit's parts
-                    self._drop_parts(state, order, state.parts.pop(order, set()))
 
     def commit_part(self, view: str, order: int, part: str, delta: ZSet) -> None:
         """One Parquet file of its own, named by the order and the part (``unit_part_file``):
