@@ -109,34 +109,35 @@ class ViewChange:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
         started = time.time()
-        sizes = self._sizes_in_parts(unit)
-        if sizes:
-            await self._run_in_parts(unit, sizes, started, stats)
+        deltas = self._deltas_in_parts(unit)
+        if deltas:
+            await self._run_in_parts(unit, deltas, started, stats)
             return ZSet(), stats
         if again and self.parts is not None and not unit.initial:
             await self.parts.keep(unit.order, ())  # cut into parts before (a larger part bound then)
         effects = await asyncio.gather(*(self._sweep(unit, term, started, stats) for term in unit.terms()))
         return total(effects), stats
 
-    def _sizes_in_parts(self, unit: Unit) -> dict[int, int]:
-        """The rows of each term's delta if ``unit`` is swept in parts; empty if whole."""
+    def _deltas_in_parts(self, unit: Unit) -> dict[int, ZSet]:
+        """Each term's delta if ``unit`` is swept in parts; empty if whole."""
         if self.parts is None or unit.initial or self.plan.outer is not None:
             return {}
         most = self.part_rows
         if sum(len(d) for u in unit.updates for d in u.deltas.values()) <= most:
             return {}  # the deltas' sum has no more rows than its summands: whole
-        sizes = {term: len(unit.delta(term)) for term in unit.terms()}
-        return sizes if sum(sizes.values()) > most else {}
+        deltas = {term: unit.delta(term) for term in unit.terms()}
+        return deltas if sum(map(len, deltas.values())) > most else {}
 
-    async def _run_in_parts(self, unit: Unit, sizes: Mapping[int, int], started: float, stats: ChangeStats) -> None:
-        """Sweep each term's delta part by part, one part at a time, and store each part's
-        effect; the parts the store holds already (a run before a fault or a restart) are
-        skipped, and any other stored part of the unit's order is dropped."""
+    async def _run_in_parts(self, unit: Unit, deltas: dict[int, ZSet], started: float, stats: ChangeStats) -> None:
+        """Sweep each term's delta (taken out of ``deltas``) part by part, one part at a time,
+        and store each part's effect; the parts the store holds already (a run before a
+        fault or a restart) are skipped, and any other stored part of the unit's order is
+        dropped."""
         assert self.parts is not None
-        counts = {term: unit_parts.part_count(rows, self.part_rows) for term, rows in sizes.items()}
+        counts = {term: unit_parts.part_count(len(delta), self.part_rows) for term, delta in deltas.items()}
         stored = await self.parts.keep(unit.order, unit_parts.names(sorted(counts.items())))
         for term, count in sorted(counts.items()):
-            pieces = unit_parts.cut(unit.delta(term), count)
+            pieces = unit_parts.cut(deltas.pop(term), count)  # the term's delta held as its parts only
             for index in range(count):
                 piece, pieces[index] = pieces[index], ZSet()  # held no longer than its sweep
                 name = unit_parts.part_name(term, index, count)
