@@ -405,7 +405,7 @@ class Wrapper:
             return
         while self.state.acked_through < watermark:
             in_flight = self._in_flight_through
-            if in_flight is not None and watermark > in_flight and self._overtaking is None:
+            if in_flight is not None and watermark > max(in_flight, self._shipped_through) and self._overtaking is None:
                 await self._overtake(in_flight)
             async with self._lock:
                 if self.state.acked_through >= watermark or not await self._ship_batch():
@@ -413,28 +413,23 @@ class Wrapper:
 
     async def _overtake(self, in_flight: int) -> None:
         """A subquery's updates are past the post in flight (through seq ``in_flight``, under
-        the ship lock): post them now, beside it, instead of after its acknowledgment. The
-        manager holds them above the gap until the post in flight fills it
-        (``docs/protocol.md``), and acknowledges through them then: waiting for both posts
+        the ship lock) and what posts beside it delivered already: post them now, beside it,
+        instead of after its acknowledgment. The manager holds them above the gap until the
+        post in flight fills it (``docs/protocol.md``), and acknowledges through them then: waiting for both posts
         takes about as long as the one in flight, not the two in a row. One such post at a
         time, of whole updates, tried once: a failure leaves them to the ship lock's turn,
         which ships whatever is still unacknowledged (at worst a second time: a post is
-        idempotent per seq)."""
+        idempotent per seq). Delivered updates are not read again: the post in flight may be
+        acknowledged through them meanwhile, and then they are forgotten."""
         assert self._shipper is not None, "start() the wrapper first"
         done = self._overtaking = asyncio.Event()
         try:
-            heads = await asyncio.to_thread(self.state.pending, self.config.updates_per_post, in_flight)
+            after = max(in_flight, self._shipped_through)
+            heads = await asyncio.to_thread(self.state.pending, self.config.updates_per_post, after)
             if not heads or heads[0].parts > 1:
                 return
             shipped = self._one_post(heads)
-            try:
-                updates = await asyncio.to_thread(self._whole, shipped)
-            except WrapperError:
-                # The post in flight was acknowledged through them meanwhile (an earlier post
-                # beside it had delivered them), and the acknowledgment forgot them.
-                if self.state.acked_through >= shipped[0].seq:
-                    return
-                raise
+            updates = await asyncio.to_thread(self._whole, shipped)
             through = await self._shipper.send_ahead(updates, self._last_seq)
         except (httpx.HTTPError, ShipError) as exc:
             log.debug("a post past the one in flight failed (the ship lock's turn sends it): %s", exc)
