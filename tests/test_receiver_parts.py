@@ -127,8 +127,8 @@ def test_parts_are_staged_then_logged_as_one_seq(catalog: Catalog) -> None:
     catalog.append_updates(
         "a", [NewUpdate(3, changes(range(9, 10)), None, None, content_digest(changes(range(9, 10))))]
     )
-    assert [e.seq for e in catalog.log_range("a", 0, 3, 10)] == [1, 2]
-    assert [e.seq for e in catalog.log_range("a", 2, 3, 10)] == [3]
+    assert [e.seq for e in catalog.log_range_read("a", 0, 3, 10, lambda e: e.seq)] == [1, 2]
+    assert [e.seq for e in catalog.log_range_read("a", 2, 3, 10, lambda e: e.seq)] == [3]
     # read through a function, the update of parts is never joined: its changes come a
     # part at a time, as often as the function goes through them, and the same as whole
     seen: list[tuple[bool, int, int]] = []

@@ -17,7 +17,7 @@ among its source's updates up to it (``release_order``).
 
 An update logged from parts may be of any size: the receiver hands it to the views by name
 only, and each view queues it here (``ViewProtocol.receive_logged``). A read of the log
-holds one such update at most (``Catalog.log_range`` ends a chunk with it), read a part at
+holds one such update at most (``Catalog.log_range_read`` ends a chunk with it), read a part at
 a time into what the view reads of it, so what a read back or a compensation step holds is
 the budget's chunk plus that one update's delta: a unit that maintains it holds its delta
 whole, and sweeps it in parts (``warehouse.unit_parts``).

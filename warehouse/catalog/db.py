@@ -616,20 +616,15 @@ class Catalog:
             q = q.order_by(LogRow.source, LogRow.seq)
             return [_entry(r, self._parts(s, r)) for r in s.scalars(q)]
 
-    def log_range(self, source: str, after_seq: int, through_seq: int, limit: int) -> list[LogEntry]:
-        """The first ``limit`` logged updates of ``source`` with ``after_seq < seq <=
-        through_seq``, in seq order: a chunk of a spilled queue (``warehouse.spill``). The
-        chunk ends early with an update logged from parts: it may be of any size, so a
-        chunk holds one at most."""
-        with Session(self.engine) as s:
-            return [_entry(r, self._parts(s, r)) for r in self._range(s, source, after_seq, through_seq, limit)]
-
     def log_range_read(
         self, source: str, after_seq: int, through_seq: int, limit: int, read: Callable[[LogEntry], T]
     ) -> list[ReadEntry[T]]:
-        """``log_range``, each entry made into ``read(entry)`` here: an update logged from
-        parts is read a part at a time as ``read`` goes through its changes (each time it
-        does), so its changes are never joined, and only what ``read`` keeps stays."""
+        """The first ``limit`` logged updates of ``source`` with ``after_seq < seq <=
+        through_seq``, in seq order (a chunk of a spilled queue, ``warehouse.spill``), each
+        made into ``read(entry)`` here. The chunk ends early with an update logged from
+        parts: it may be of any size, so a chunk holds one at most, and it is read a part at
+        a time as ``read`` goes through its changes (each time it does): its changes are
+        never joined, and only what ``read`` keeps stays."""
         with Session(self.engine) as s:
             return [_read(s, r, read) for r in self._range(s, source, after_seq, through_seq, limit)]
 
