@@ -109,3 +109,26 @@ def test_missing_privileges_are_named(maria_url: str) -> None:
         engine.dispose()
     finally:
         run_sql(MARIADB_ADMIN, f"DROP USER '{user}'@'%'")
+
+
+def test_captured_rows_are_left_out_by_the_server(maria_url: str) -> None:
+    """The longest runs of captured ids stay on the server (``skip_clause``): of 20 rows,
+    10 and 4 captured in runs are not sent, a lone captured one is sent and skipped here."""
+    run_sql(maria_url, "CREATE TABLE r (id INT PRIMARY KEY)")
+    engine = capture.open_engine(maria_url)
+    capture.install(engine, ["r"])
+    with engine.begin() as conn:
+        for key in range(20):
+            conn.exec_driver_sql(f"INSERT INTO r VALUES ({key})")
+    ids = [i for (i,) in fetch(maria_url, "SELECT id FROM _pvm_outbox ORDER BY id")]
+    skip = {*ids[:10], ids[11], *ids[14:18]}
+    statements: list[tuple[str, object]] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append((a[2], a[3])))
+    snapshot = capture.begin_snapshot(engine)
+    read = [row.id for row in capture.read_outbox(snapshot, 0, skip=skip)]
+    statement, parameters = next((s, p) for s, p in statements if "_pvm_outbox" in s)
+    sent = snapshot.exec_driver_sql(f"SELECT COUNT(*) FROM ({statement}) AS t", parameters).scalar_one()
+    snapshot.close()
+    assert read == [i for i in ids if i not in skip] and len(read) == 5
+    assert sent == 6
+    engine.dispose()
