@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure the PostgreSQL and MariaDB servers the integration tests use are running on
 # 127.0.0.1 (5432 and 3306) with what log-based capture needs, and waits until both answer:
-# - PostgreSQL: wal_level = logical (logical decoding with pgoutput);
+# - PostgreSQL: wal_level = logical (logical decoding with pgoutput), and autovacuum on
+#   (PostgreSQL's default, which a server may have turned off: trigger capture's outbox is a
+#   queue table, every captured row inserted and then deleted, and a source's tables under
+#   a steady write load bloat without it; a reload, no restart);
 # - MariaDB: the binary log on, binlog_format = ROW, binlog_row_image = FULL,
 #   binlog_row_metadata = FULL (row events with column names and both images).
 # A server whose settings differ is reconfigured and restarted; one already set up is left
@@ -13,6 +16,7 @@ maria_up() { mariadb-admin --host=127.0.0.1 --port=3306 --user=root ping >/dev/n
 maria_sql() { mariadb --host=127.0.0.1 --port=3306 --user=root -N -B -e "$1"; }
 pg_sql() { psql -h 127.0.0.1 -U postgres -d postgres -Atqc "$1"; }
 pg_cluster() { ls /etc/postgresql | head -n1; }
+pg_autovacuum_on() { [ "$(pg_sql 'SHOW autovacuum')" = "on" ]; }
 
 wait_for() {
   local check=$1
@@ -36,6 +40,14 @@ if ! maria_up; then
 fi
 wait_for pg_up || { echo "services: PostgreSQL is not answering on 127.0.0.1:5432" >&2; exit 1; }
 wait_for maria_up || { echo "services: MariaDB is not answering on 127.0.0.1:3306" >&2; exit 1; }
+
+# PostgreSQL: autovacuum.
+if [ "$(pg_sql 'SHOW autovacuum')" != "on" ]; then
+  echo "services: PostgreSQL: turning autovacuum on" >&2
+  pg_sql "ALTER SYSTEM SET autovacuum = on"
+  pg_sql "SELECT pg_reload_conf()" >/dev/null
+  wait_for pg_autovacuum_on || { echo "services: PostgreSQL still has autovacuum $(pg_sql 'SHOW autovacuum')" >&2; exit 1; }
+fi
 
 # PostgreSQL: logical decoding.
 if [ "$(pg_sql 'SHOW wal_level')" != "logical" ]; then

@@ -1,10 +1,19 @@
 """ProcessQuery: join the distinct keys of a partial result with one source relation.
 
-The keys go into a TEMP table (``_k`` = key index, ``k0..kN`` = key columns), and one
+The keys are a relation of their own (``_k`` = key index, ``k0..kN`` = key columns), and one
 parameterized statement built with SQLAlchemy Core joins it with the relation::
 
     SELECT t._k, r.<select…>, COUNT(*) FROM <keys> t JOIN <relation> r ON <on>
     WHERE <where> AND <the row fits> GROUP BY t._k, r.<select…>
+
+In PostgreSQL the keys are bound as one array per column and read with ``unnest``: one
+statement, and no table created. A TEMP table there would be a row in ``pg_class``,
+``pg_attribute``, ``pg_type`` and ``pg_depend`` per subquery, dead as soon as the subquery
+ends: at tens of subqueries a second the system catalogs bloat, and every backend slows
+with them (autovacuum only catches up). A key column whose values arrays cannot carry
+exactly (a numeric column given integers and floats, a boolean column given integers) still
+goes through a TEMP table. Elsewhere the keys go into a TEMP table, which SQLite keeps in
+memory and MariaDB in its temporary tablespace, neither in a catalog that bloats.
 
 where "the row fits" leaves out the rows the views cannot take, as captured changes leave
 them out (``wrappers.quarantine``).
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -61,8 +71,10 @@ class _Untyped(sa.types.UserDefinedType):
 @dataclass(frozen=True)
 class QueryShape:
     """What a subquery compiles to apart from its key values: the TEMP table for the keys and
-    the join statement. Subqueries of one SWEEP step of one view share a shape, so it is
-    built and validated once (``_shape`` caches it) and SQLAlchemy reuses the compiled SQL.
+    the join statement, and in PostgreSQL the same join over the keys bound as arrays
+    (``arrays``, with the key columns' ``families``). Subqueries of one SWEEP step of one
+    view share a shape, so it is built and validated once (``_shape`` caches it) and
+    SQLAlchemy reuses the compiled SQL.
 
     The TEMP table is named after the shape. TEMP tables are private to a connection, which
     runs one subquery at a time; SQLite and PostgreSQL drop the table when the snapshot's
@@ -70,6 +82,8 @@ class QueryShape:
 
     key_table: sa.Table
     statement: sa.Select
+    arrays: sa.Select | None = None
+    families: tuple[Family, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,27 +173,45 @@ def _shape(
     )
     relation = table.query_table()
     column = functools.partial(_column, table, relation, dialect)
-
-    def resolve(col: Col) -> Any:
-        if col.relation == KEY_RELATION:
-            if col.name not in key_names:
-                raise InvalidRequest(f"unknown key column {col.name!r} (the keys have {width} columns)")
-            return key_table.c[col.name]
-        if col.relation != alias:
-            raise InvalidRequest(f"unknown relation {col.relation!r} (this subquery reads {alias!r})")
-        table.check_columns([col.name])
-        return column(col.name)
-
-    selected_columns = [_selected(table, relation, dialect, name) for name in select]
-    join = key_table.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
-    statement = sa.select(key_table.c["_k"], *selected_columns, sa.func.count()).select_from(join)
-    if where is not None:
-        statement = statement.where(to_sqlalchemy(where, resolve))
     fit = fit_clause(table, dialect, max_value_bytes, column, affinities)
-    if fit is not None:
-        statement = statement.where(fit)
-    statement = statement.group_by(key_table.c["_k"], *selected_columns)
-    return QueryShape(key_table, statement)
+    selected_columns = [_selected(table, relation, dialect, name) for name in select]
+
+    def joined(keys: sa.FromClause, key_column: Any) -> sa.Select:
+        """The join of ``keys`` (whose columns ``key_column`` reads) with the relation."""
+
+        def resolve(col: Col) -> Any:
+            if col.relation == KEY_RELATION:
+                if col.name not in key_names:
+                    raise InvalidRequest(f"unknown key column {col.name!r} (the keys have {width} columns)")
+                return key_column(col.name)
+            if col.relation != alias:
+                raise InvalidRequest(f"unknown relation {col.relation!r} (this subquery reads {alias!r})")
+            table.check_columns([col.name])
+            return column(col.name)
+
+        join = keys.join(relation, to_sqlalchemy(on, resolve) if on is not None else sa.true())
+        statement = sa.select(keys.c["_k"], *selected_columns, sa.func.count()).select_from(join)
+        if where is not None:
+            statement = statement.where(to_sqlalchemy(where, resolve))
+        if fit is not None:
+            statement = statement.where(fit)
+        return statement.group_by(keys.c["_k"], *selected_columns)
+
+    statement = joined(key_table, lambda name: key_table.c[name])
+    if dialect != "postgresql" or families is None:
+        return QueryShape(key_table, statement)
+    key_families = dict(zip(key_names, families))
+    array_types = {"_k": sa.Integer(), **{n: _ARRAY_TYPES[f] for n, f in key_families.items()}}
+    unnested = (
+        sa.func.unnest(*(sa.bindparam(f"_pvm_{n}", type_=postgresql.ARRAY(t)) for n, t in array_types.items()))
+        .table_valued(*(sa.column(n, t) for n, t in array_types.items()))
+        .render_derived(name=key_table.name)
+    )
+
+    def array_column(name: str) -> Any:  # text keys under the binary collation, as the TEMP table's
+        return _Binary(unnested.c[name], "C") if key_families[name] == "text" else unnested.c[name]
+
+    return QueryShape(key_table, statement, joined(unnested, array_column), families)
 
 
 def _column(table: TableSchema, relation: sa.TableClause, dialect: str, name: str) -> Any:
@@ -250,12 +282,18 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
     if not query.keys:
         return []
     shape = query.shape
+    arrays = _key_arrays(query.keys, shape.families) if shape.arrays is not None else None
     savepoint = conn.begin_nested() if conn.dialect.name == "postgresql" else None
     try:
-        conn.exec_driver_sql(_create_sql(shape, conn.dialect))
-        names = [c.name for c in shape.key_table.columns][1:]
-        conn.execute(shape.key_table.insert(), [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)])
-        return [[wire_value(v) for v in row] for row in conn.execute(shape.statement)]
+        if arrays is not None and shape.arrays is not None:
+            rows = conn.execute(shape.arrays, arrays)
+        else:
+            conn.exec_driver_sql(_create_sql(shape, conn.dialect))
+            names = [c.name for c in shape.key_table.columns][1:]
+            keys = [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)]
+            conn.execute(shape.key_table.insert(), keys)
+            rows = conn.execute(shape.statement)
+        return [[wire_value(v) for v in row] for row in rows]
     except (sa.exc.DataError, OverflowError) as exc:
         reason = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         raise InvalidRequest(f"the source cannot take a key or literal value of this subquery: {reason}") from None
@@ -266,6 +304,28 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
             conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {shape.key_table.name}")
         else:
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{shape.key_table.name}")
+
+
+def _key_arrays(keys: list[list[Any]], families: tuple[Family, ...]) -> dict[str, list[Any]] | None:
+    """The keys as PostgreSQL's ``unnest`` takes them, one array per key column (and ``_k``,
+    the key's index), or None where an array cannot carry a column's values exactly as the
+    TEMP table's column would take them.
+
+    An array holds one type. psycopg types it after its Python values, and the statement
+    casts it to the column's family (``_ARRAY_TYPES``): integers to a float or numeric
+    array, floats to a numeric one, as the TEMP table's column converts them on insert.
+    A float column takes integers as floats (the same rounding). Integers and floats
+    mixed for a numeric column, and integers for a boolean one, keep the TEMP table."""
+    arrays: dict[str, list[Any]] = {"_pvm__k": list(range(len(keys)))}
+    for j, family in enumerate(families):
+        values = [key[j] for key in keys]
+        kinds = {type(v) for v in values if v is not None}
+        if family == "float" and kinds <= {int, float}:
+            values = [float(v) if v is not None else None for v in values]
+        elif len(kinds) > 1 or not kinds <= _ARRAY_KINDS[family]:
+            return None
+        arrays[f"_pvm_k{j}"] = values
+    return arrays
 
 
 def _parse(wire: dict[str, Any] | None, clause: str) -> Expr | None:
@@ -341,6 +401,22 @@ _KEY_TYPES: dict[str, dict[Family, Any]] = {
     },
 }
 _KEY_TYPES["mariadb"] = _KEY_TYPES["mysql"]
+_ARRAY_TYPES: dict[Family, Any] = {  # PostgreSQL's key arrays: its TEMP table's types, less the collation
+    "integer": sa.BigInteger(),
+    "float": sa.Double(),
+    "numeric": sa.Numeric(),
+    "boolean": sa.Boolean(),
+    "text": sa.Text(),
+    "date": sa.Date(),
+}
+_ARRAY_KINDS: dict[Family, set[type]] = {  # the Python values an array of each family carries exactly
+    "integer": {int},
+    "float": {float},
+    "numeric": {int, float},
+    "boolean": {bool},
+    "text": {str},
+    "date": {str},
+}
 _ACCEPTS: dict[Family, tuple[type, ...]] = {
     "integer": (int,),
     "float": (int, float),
