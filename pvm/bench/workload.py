@@ -240,7 +240,13 @@ class Workload:
             row: dict[str, Any] = {"t": round(time.time() - began, 2), "stage": stage}
             for view in self.views:
                 status = manager.status(view)
-                row[view] = {"lag_s": status["lag_seconds"], "queued": status["updates_queued"]}
+                row[view] = {
+                    "lag_s": status["lag_seconds"],
+                    "queued": status["updates_queued"],
+                    "queued_changes": status["queued_changes"],
+                    "running": status["units_running"],
+                    "retained": status["units_retained"],
+                }
             row["manager_cpu_pct"] = process.cpu_percent(None)
             row["manager_rss_mb"] = round(process.memory_info().rss / 2**20, 1)
             row["jvm_cpu_pct"] = sum(j.cpu_percent(None) for j in jvms)
