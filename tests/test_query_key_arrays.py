@@ -107,6 +107,14 @@ def test_keys_bound_as_arrays_answer_as_the_temp_table(source, column: str, keys
     assert any("unnest(" in s for s in statements)
 
 
+def test_a_key_column_of_nulls_only_matches_nothing(source) -> None:
+    dialect, engine, schema = source
+    on = Cmp("=", Col("$key", "k0"), Col("r", "t"))
+    through_arrays, through_table, statements = answers(dialect, engine, prepared(schema, [[None], [None]], on, ["id"]))
+    assert through_arrays == through_table == []
+    assert created_tables(statements) == []
+
+
 def test_several_key_columns_and_a_literal_compared_with_a_text_key(source) -> None:
     dialect, engine, schema = source
     on = And(

@@ -320,10 +320,10 @@ def _key_arrays(keys: list[list[Any]], families: tuple[Family, ...]) -> dict[str
     for j, family in enumerate(families):
         values = [key[j] for key in keys]
         kinds = {type(v) for v in values if v is not None}
-        if family == "float" and kinds <= {int, float}:
-            values = [float(v) if v is not None else None for v in values]
-        elif len(kinds) > 1 or not kinds <= _ARRAY_KINDS[family]:
+        if not kinds <= _ARRAY_KINDS[family] or (len(kinds) > 1 and family != "float"):
             return None
+        if family == "float":
+            values = [float(v) if v is not None else None for v in values]
         arrays[f"_pvm_k{j}"] = values
     return arrays
 
@@ -411,7 +411,7 @@ _ARRAY_TYPES: dict[Family, Any] = {  # PostgreSQL's key arrays: its TEMP table's
 }
 _ARRAY_KINDS: dict[Family, set[type]] = {  # the Python values an array of each family carries exactly
     "integer": {int},
-    "float": {float},
+    "float": {int, float},
     "numeric": {int, float},
     "boolean": {bool},
     "text": {str},
