@@ -203,7 +203,7 @@ def _shape(
     key_families = dict(zip(key_names, families))
     array_types = {"_k": sa.Integer(), **{n: _ARRAY_TYPES[f] for n, f in key_families.items()}}
     unnested = (
-        sa.func.unnest(*(sa.bindparam(f"_pvm_{n}", type_=postgresql.ARRAY(t)) for n, t in array_types.items()))
+        sa.func.unnest(*(sa.bindparam(_array_param(n), type_=postgresql.ARRAY(t)) for n, t in array_types.items()))
         .table_valued(*(sa.column(n, t) for n, t in array_types.items()))
         .render_derived(name=key_table.name)
     )
@@ -316,7 +316,7 @@ def _key_arrays(keys: list[list[Any]], families: tuple[Family, ...]) -> dict[str
     array, floats to a numeric one, as the TEMP table's column converts them on insert.
     A float column takes integers as floats (the same rounding). Integers and floats
     mixed for a numeric column, and integers for a boolean one, keep the TEMP table."""
-    arrays: dict[str, list[Any]] = {"_pvm__k": list(range(len(keys)))}
+    arrays: dict[str, list[Any]] = {_array_param("_k"): list(range(len(keys)))}
     for j, family in enumerate(families):
         values = [key[j] for key in keys]
         kinds = {type(v) for v in values if v is not None}
@@ -324,8 +324,13 @@ def _key_arrays(keys: list[list[Any]], families: tuple[Family, ...]) -> dict[str
             return None
         if family == "float":
             values = [float(v) if v is not None else None for v in values]
-        arrays[f"_pvm_k{j}"] = values
+        arrays[_array_param(f"k{j}")] = values
     return arrays
+
+
+def _array_param(column: str) -> str:
+    """The bound parameter that carries key column ``column`` as an array."""
+    return f"_pvm_{column}"
 
 
 def _parse(wire: dict[str, Any] | None, clause: str) -> Expr | None:
@@ -402,12 +407,7 @@ _KEY_TYPES: dict[str, dict[Family, Any]] = {
 }
 _KEY_TYPES["mariadb"] = _KEY_TYPES["mysql"]
 _ARRAY_TYPES: dict[Family, Any] = {  # PostgreSQL's key arrays: its TEMP table's types, less the collation
-    "integer": sa.BigInteger(),
-    "float": sa.Double(),
-    "numeric": sa.Numeric(),
-    "boolean": sa.Boolean(),
-    "text": sa.Text(),
-    "date": sa.Date(),
+    family: sa.Text() if family == "text" else key_type for family, key_type in _KEY_TYPES["postgresql"].items()
 }
 _ARRAY_KINDS: dict[Family, set[type]] = {  # the Python values an array of each family carries exactly
     "integer": {int},
