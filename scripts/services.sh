@@ -42,7 +42,7 @@ wait_for pg_up || { echo "services: PostgreSQL is not answering on 127.0.0.1:543
 wait_for maria_up || { echo "services: MariaDB is not answering on 127.0.0.1:3306" >&2; exit 1; }
 
 # PostgreSQL: autovacuum.
-if [ "$(pg_sql 'SHOW autovacuum')" != "on" ]; then
+if ! pg_autovacuum_on; then
   echo "services: PostgreSQL: turning autovacuum on" >&2
   pg_sql "ALTER SYSTEM SET autovacuum = on"
   pg_sql "SELECT pg_reload_conf()" >/dev/null

@@ -415,12 +415,13 @@ class Wrapper:
         """A subquery's updates are past the post in flight (through seq ``in_flight``, under
         the ship lock) and what posts beside it delivered already: post them now, beside it,
         instead of after its acknowledgment. The manager holds them above the gap until the
-        post in flight fills it (``docs/protocol.md``), and acknowledges through them then: waiting for both posts
-        takes about as long as the one in flight, not the two in a row. One such post at a
-        time, of whole updates, tried once: a failure leaves them to the ship lock's turn,
-        which ships whatever is still unacknowledged (at worst a second time: a post is
-        idempotent per seq). Delivered updates are not read again: the post in flight may be
-        acknowledged through them meanwhile, and then they are forgotten."""
+        post in flight fills it (``docs/protocol.md``), and acknowledges through them then:
+        waiting for both posts takes about as long as the one in flight, not the two in a
+        row. One such post at a time, of whole updates, tried once: a failure leaves them to
+        the ship lock's turn, which ships whatever is still unacknowledged (at worst a second
+        time: a post is idempotent per seq). Delivered updates are not read again: the post
+        in flight may be acknowledged through them meanwhile, and then they are forgotten
+        (the caller checks the same bound, so it starts no post with nothing to send)."""
         assert self._shipper is not None, "start() the wrapper first"
         done = self._overtaking = asyncio.Event()
         try:

@@ -1,5 +1,6 @@
 """A unit's parts in the Spark store: read as of their order, never committing it, found by
-name after a restart, dropped when asked, and kept by name through a compaction (``warehouse.unit_parts``, docs/protocol.md "Units in parts")."""
+name after a restart, dropped when asked, and kept by name through a compaction
+(``warehouse.unit_parts``, docs/protocol.md "Units in parts")."""
 
 from __future__ import annotations
 
