@@ -79,6 +79,22 @@ def answers(dialect: Any, engine: sa.Engine, prepared_query: query.PreparedQuery
     return through_arrays, through_table, statements
 
 
+def evaluated(dialect: Any, engine: sa.Engine, prepared_query: query.PreparedQuery) -> tuple[list, list[str]]:
+    """The answer as the wrapper gives it, and every statement that ran for it."""
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    conn = dialect.begin_snapshot(engine)
+    try:
+        return sorted(query.evaluate(conn, prepared_query)), statements
+    finally:
+        conn.close()
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
 def created_tables(statements: list[str]) -> list[str]:
     return [s for s in statements if "CREATE" in s.upper() or "INSERT" in s.upper()]
 
@@ -146,13 +162,7 @@ def test_values_an_array_cannot_carry_keep_the_temp_table(source, column: str, k
     dialect, engine, schema = source
     on = Cmp("=", Col("$key", "k0"), Col("r", column))
     subquery = prepared(schema, keys, on, ["id"])
-    statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-    conn = dialect.begin_snapshot(engine)
-    try:
-        answered = sorted(query.evaluate(conn, subquery))
-    finally:
-        conn.close()
+    answered, statements = evaluated(dialect, engine, subquery)
     assert any(s.lstrip().upper().startswith("CREATE TEMPORARY TABLE") for s in statements)
     assert answered == expected
 
@@ -163,13 +173,7 @@ def test_more_keys_than_a_statement_takes_parameters(source) -> None:
     dialect, engine, schema = source
     keys = [[k] for k in range(70_000)]
     subquery = prepared(schema, keys, Cmp("=", Col("$key", "k0"), Col("r", "i")), ["id"])
-    statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-    conn = dialect.begin_snapshot(engine)
-    try:
-        answered = sorted(query.evaluate(conn, subquery))
-    finally:
-        conn.close()
+    answered, statements = evaluated(dialect, engine, subquery)
     assert answered == [[1, 1, 1], [2, 2, 1], [3, 3, 1], [5, 5, 1]]
     assert created_tables(statements) == [], "the keys went through arrays, not a table"
 
