@@ -166,8 +166,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=PART_ROWS,
         metavar="N",
         help="the most delta rows a maintenance unit sweeps at once: a larger unit (a transaction of many rows, or a "
-        "merged backlog) is swept in parts, each part's effect stored as soon as it is computed, so that memory "
-        f"follows the part and not the unit (default: {PART_ROWS})",
+        "merged backlog) is swept in parts, each part's effect stored as soon as it is computed, and an update "
+        "shipped in parts whose delta has more rows stays in the update log, spooled to disk by part when its unit "
+        f"runs, so that memory follows the part and not the unit (default: {PART_ROWS})",
     )
     parser.add_argument(
         "--log-retention",

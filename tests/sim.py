@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from contract import expr
-from contract.schemas import Change, Interest, Subquery, SubqueryAnswer, Update
+from contract.schemas import Ack, Change, Interest, Subquery, SubqueryAnswer, Update, UpdatePart
 from contract.zset import ZSet
-from warehouse.protocol import Unit, ViewProtocol
+from warehouse.protocol import Unit, ViewProtocol, ViewUpdate
 from warehouse.recompute import recompute  # noqa: F401  (the tests' oracle)
 from warehouse.sources import TableSchema
 
@@ -47,6 +47,7 @@ class SimSource:
     shipped: list[list[tuple[str, int, tuple]]] = field(default_factory=list)
     receive: object = None  # async (source, [Update]) -> Ack, set once the manager exists
     trace: list[tuple] | None = None  # shared by a schedule's sources: (time, source, relation, keys, watermark)
+    part_size: int | None = None  # ship every update in parts of this many changes (None: whole)
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
@@ -85,13 +86,35 @@ class SimSource:
         snapshot = self.state[table].copy() if table is not None else None
         if merged:
             self.shipped.append(merged)
-            update = Update(
-                seq=len(self.shipped),
-                changes=[Change(relation=t, sign=s, row=dict(zip(self.tables[t], row))) for t, s, row in merged],
-            )
-            ack = await self.receive(self.name, [update])
-            assert ack.through == len(self.shipped), ack
+            await self._send(merged, self.part_size)
         return snapshot
+
+    async def _send(self, merged: list[tuple[str, int, tuple]], part_size: int | None) -> list[Ack]:
+        """Send the last shipped update: whole, or in parts of ``part_size`` changes."""
+        seq = len(self.shipped)
+        wire = [Change(relation=t, sign=s, row=dict(zip(self.tables[t], row))) for t, s, row in merged]
+        if part_size is None:
+            acks = [await self.receive(self.name, [Update(seq=seq, changes=wire)])]
+        else:
+            count = -(-len(wire) // part_size)
+            acks = []
+            for index in range(count):
+                part = UpdatePart(index=index, last=index == count - 1)
+                chunk = wire[index * part_size : (index + 1) * part_size]
+                acks.append(await self.receive(self.name, [Update(seq=seq, changes=chunk, txid=f"t{seq}", part=part)]))
+        assert acks[-1].through == seq, acks[-1]
+        return acks
+
+    async def ship_in_parts(self, size: int) -> list[Ack]:
+        """``ship``, the update sent in parts of ``size`` changes: under the source's lock, so
+        that no subquery answer reflects it before it is acknowledged whole."""
+        async with self._lock:
+            merged = [c for tx in self.outbox for c in tx]
+            self.outbox = []
+            if not merged:
+                return []
+            self.shipped.append(merged)
+            return await self._send(merged, size)
 
     # -- the wrapper contract ------------------------------------------------------------------
     async def schema(self) -> dict[str, TableSchema]:
@@ -152,6 +175,17 @@ class WithoutCompensation(ViewProtocol):
     """PVM broken on purpose: answers are never compensated (isConcurrent always false)."""
 
     def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
+        return []
+
+    def concurrent_logged(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ViewUpdate]:
+        return []
+
+
+class WithoutLoggedCompensation(ViewProtocol):
+    """PVM broken on purpose: answers never subtract the updates whose deltas are kept in
+    the update log only (``ViewUpdate.logged``), only those held in memory."""
+
+    def concurrent_logged(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ViewUpdate]:
         return []
 
 

@@ -48,6 +48,7 @@ from tests.sim import (
     SimSource,
     WithoutChainRule,
     WithoutCompensation,
+    WithoutLoggedCompensation,
     WithoutRetention,
     WithoutSpilledCompensation,
     recompute,
@@ -212,11 +213,13 @@ async def run_schedule(
     batch_sizes: tuple[int, ...] = (1, 1, 2, 3, DEFAULT_BATCH_SIZE),  # the default: adaptive
     views: dict[str, str] = VIEWS,
     queue_budget: int | None = DEFAULT_QUEUE_BUDGET,
+    part_size: int | None = None,
 ) -> Outcome:
     """The schedule of ``seed``; replays only on a ``VirtualTimeLoop`` (``schedule``), with the
     blocking calls ``inline`` (a store of real jobs, Spark's, runs them on threads instead,
     on the real clock). ``queue_budget``: the changes a view's UMQ holds in memory before
-    its tail spills to the update log."""
+    its tail spills to the update log; ``part_size``: the sources ship every update in
+    parts of this many changes (None: whole)."""
     rng = random.Random(seed)
     store = store or RecordingStore()
     delays = Delays(before_snapshot=0.004, evaluation=0.004, shipping=0.002)
@@ -235,6 +238,8 @@ async def run_schedule(
         max_queued_changes=queue_budget,
     )
     load_random(sources.values(), rng)
+    for source in sources.values():
+        source.part_size = part_size
 
     async def workload() -> None:
         await random_workload(sources, rng, transactions)
@@ -630,6 +635,68 @@ def test_oracle_fails_when_units_in_parts_are_broken(tmp_path, monkeypatch, brok
     outcome = schedule(tmp_path, seed)
     assert not outcome.mismatches, outcome.mismatches
     assert outcome.unit_parts > 0
+
+
+# -- updates left in the update log --------------------------------------------------------------
+@dataclass
+class LoggedUses:
+    """How often updates kept in the log only were spooled by their unit, and subtracted
+    from an answer."""
+
+    spooled: int = 0
+    subtracted: int = 0
+
+
+@pytest.fixture
+def logged_uses(monkeypatch: pytest.MonkeyPatch) -> LoggedUses:
+    """At most two delta rows swept at once (so held at once), and the uses counted."""
+    monkeypatch.setattr(unit_parts, "PART_ROWS", 2)
+    uses = LoggedUses()
+    spool, concurrent = view_change.ViewChange._spool, ViewProtocol.concurrent_logged
+
+    async def counted_spool(self, *args):
+        uses.spooled += 1
+        return await spool(self, *args)
+
+    def counted_concurrent(self, *args):
+        found = concurrent(self, *args)
+        uses.subtracted += len(found)
+        return found
+
+    monkeypatch.setattr(view_change.ViewChange, "_spool", counted_spool)
+    monkeypatch.setattr(ViewProtocol, "concurrent_logged", counted_concurrent)
+    return uses
+
+
+@pytest.mark.parametrize("shape", PART_SHAPES)
+def test_updates_left_in_the_log_match_recomputation(tmp_path, logged_uses, shape):
+    """Every update shipped in parts, and at most two delta rows held at once: an update the
+    view reads more rows of keeps them in the update log only (``ViewUpdate.logged``). Its
+    unit spools them to disk by part, and answers that reflect it subtract it read from the
+    log, from the queue or from its spilled tail (half the schedules spill): every view as
+    of every W still equals recomputation."""
+    s = SHAPES[shape]
+    seeds = range(s.busy_seed, s.busy_seed + 10)
+    outcomes = [
+        schedule(tmp_path, seed, views=s.views, part_size=2, queue_budget=SPILLING_BUDGET if seed % 2 else None)
+        for seed in seeds
+    ]
+    for seed, outcome in zip(seeds, outcomes):
+        assert not outcome.mismatches, (seed, outcome.mismatches)
+    assert logged_uses.spooled > 20 and logged_uses.subtracted > 20, logged_uses
+    assert sum(o.unit_parts for o in outcomes) > 50
+
+
+def test_oracle_fails_when_updates_left_in_the_log_are_not_compensated(tmp_path, logged_uses):
+    """Answers that leave out the updates kept in the log only fail some schedule; the same
+    schedule passes with them subtracted."""
+    seed = next(
+        (s for s in range(5000, 5030) if schedule(tmp_path, s, WithoutLoggedCompensation, part_size=2).mismatches),
+        None,
+    )
+    assert seed is not None
+    outcome = schedule(tmp_path, seed, part_size=2)
+    assert not outcome.mismatches, outcome.mismatches
 
 
 def test_left_join_units_are_swept_whole(tmp_path, monkeypatch):

@@ -199,26 +199,6 @@ def test_a_part_too_large_for_one_mariadb_statement_is_refused_before_it_is_sent
 # -- the manager ----------------------------------------------------------------------------------
 
 
-async def ship_in_parts(source: SimSource, size: int) -> list[Ack]:
-    """What ``SimSource.ship`` does, the update sent in parts of ``size`` changes: under the
-    source's lock, so that no subquery answer reflects it before it is acknowledged whole."""
-    async with source._lock:
-        merged = [c for tx in source.outbox for c in tx]
-        source.outbox = []
-        if not merged:
-            return []
-        source.shipped.append(merged)
-        seq = len(source.shipped)
-        wire = [Change(relation=t, sign=s, row=dict(zip(source.tables[t], row))) for t, s, row in merged]
-        count = -(-len(wire) // size)
-        acks = []
-        for index in range(count):
-            part = UpdatePart(index=index, last=index == count - 1)
-            chunk = wire[index * size : (index + 1) * size]
-            acks.append(await source.receive(source.name, [Update(seq=seq, changes=chunk, txid=f"t{seq}", part=part)]))
-        return acks
-
-
 def part_of(seq: int, index: int, last: bool, keys: range, v: str = "x") -> Update:
     wire = [Change(relation="R", sign=1, row={"k": k, "v": v}) for k in keys]
     return Update(seq=seq, changes=wire, txid=f"t{seq}", part=UpdatePart(index=index, last=last))
@@ -258,7 +238,7 @@ async def test_an_update_of_many_parts_is_staged_then_logged_acknowledged_and_se
             return ack
 
         source.receive = observing
-        acks = await ship_in_parts(source, 5)
+        acks = await source.ship_in_parts(5)
         assert [a.parts for a in acks] == [*range(1, 40), None]
         assert all(a.through == 0 for a in acks[:-1]) and acks[-1].through == 1
         assert seen_staged == list(range(1, 40))
@@ -381,7 +361,7 @@ async def test_views_over_large_updates_in_parts_match_recomputation(tmp_path: P
             if not transaction:
                 continue
             sources[name].commit(transaction)
-            shipping.append(asyncio.create_task(ship_in_parts(sources[name], 4) if large else sources[name].ship()))
+            shipping.append(asyncio.create_task(sources[name].ship_in_parts(4) if large else sources[name].ship()))
             await asyncio.sleep(rng.uniform(0, 0.004))
         await asyncio.gather(*shipping)
         await manager.wait_idle("v", timeout=60)

@@ -399,13 +399,21 @@ class EngineLoad:
         numbered ones come from memory, spilled ones from the log (``warehouse.spill``)."""
         relation = self.plan.relations[j]
         concurrent = self.protocol.concurrent_deltas(unit, INITIAL_TERM, j, relation.source, watermark)
+        logged = self.protocol.concurrent_logged(unit, INITIAL_TERM, j, relation.source, watermark)
         spilled = self.protocol.spilled_range(relation.source, watermark)
         undone, from_log = total(concurrent), 0
-        if spilled is not None:
-            assert self.spill_log is not None, "updates were spilled without a log to read them from"
-            async for updates in self.spill_log.spilled(spilled):
-                deltas = [u.deltas[j] for u in updates if j in u.deltas]
-                undone.add_all(total(deltas))
-                from_log += len(deltas)
+        if spilled is not None or logged:
+            log = self.spill_log
+            assert log is not None, "updates were spilled without a log to read them from"
+            if spilled is not None:
+                async for updates in log.spilled(spilled):
+                    deltas = [u.deltas[j] for u in updates if j in u.deltas]
+                    logged.extend(u for u in updates if u.logged is not None and j in u.logged)
+                    undone.add_all(total(deltas))
+                    from_log += len(deltas)
+            for update in logged:  # kept in the log only (``ViewUpdate.logged``): a part of it at a time
+                async for part in log.logged(update):
+                    undone.add_all(part.get(j, ZSet()))
+                from_log += 1
         path = write_taken_back(undone, schema, staging / f"c{j}.parquet")
         return path, len(concurrent) + from_log, from_log

@@ -162,6 +162,7 @@ class ViewMaintainer:
         self.on_state = on_state
         self.spill_log = spill_log
         self.view_change = ViewChange(plan, protocol, sources, spill_log)
+        self.view_change.executor = store_executor
         if settings.commit_mode == "out_of_order" and isinstance(store, PartStore):
             # In arrival mode the raw tables hold only legal states: no part before its turn.
             self.view_change.parts = StoreParts(name, plan, store, store_executor)

@@ -116,6 +116,13 @@ class ViewHandle:
     maintainer: ViewMaintainer
     bases: dict[str, int] | None  # None while the view is being defined: route everything
 
+    def set_part_rows(self, rows: int) -> None:
+        """The most delta rows a unit of the view sweeps at once; a view that sweeps in parts
+        also leaves the delta of an update with more in the log (``ViewUpdate.logged``)."""
+        change = self.maintainer.view_change
+        change.part_rows = rows
+        self.extractor.hold_rows = rows if change.sweeps_in_parts else None
+
 
 def view_progress(handle: ViewHandle) -> dict[str, Any]:
     """How far behind a view is: updates queued or running, updates not visible at W (queued,
@@ -599,7 +606,7 @@ class Manager:
         def routed(entry: LogEntry) -> ViewUpdate | None:
             return None if handle is None else self._routed(handle, entry)
 
-        spill_log = CatalogSpillLog(self.db, routed, self.receiver.released_through)
+        spill_log = CatalogSpillLog(self.db, routed, self.receiver.released_through, extractor.deltas)
         maintainer = ViewMaintainer(
             info.name,
             plan,
@@ -614,9 +621,9 @@ class Manager:
             spill_log=spill_log,
         )
         maintainer.view_change.initial_load = self._engine_load(plan, protocol, spill_log)
-        if self.unit_part_rows is not None:
-            maintainer.view_change.part_rows = self.unit_part_rows
         handle = ViewHandle(info, plan, extractor, maintainer, None)
+        default = maintainer.view_change.part_rows  # unit_parts.PART_ROWS
+        handle.set_part_rows(self.unit_part_rows if self.unit_part_rows is not None else default)
         return handle
 
     def engine_inputs(self, plan: ViewPlan) -> tuple[LoadStore, dict[str, SnapshotSource], list[list[str]]] | None:

@@ -78,7 +78,12 @@ the load is subtracted from its answers."""
 @dataclass(frozen=True)
 class ViewUpdate:
     """A source update as one view sees it: its non-empty deltas by relation position,
-    already filtered by the local predicates and projected to the columns the view needs."""
+    already filtered by the local predicates and projected to the columns the view needs.
+
+    ``logged``: an update logged from parts whose deltas are too large to hold (past the
+    bound a unit sweeps at once) keeps them in the update log only; ``deltas`` is empty
+    and ``logged`` counts their rows by position. Whoever needs them reads them from the
+    log a part at a time (``warehouse.logged_deltas``)."""
 
     log_id: int
     source: str
@@ -86,6 +91,17 @@ class ViewUpdate:
     deltas: dict[int, ZSet]
     captured_at: float | None = None
     received_at: float | None = None
+    logged: dict[int, int] | None = None
+
+    def positions(self) -> set[int]:
+        """The relation positions the update changes, held or logged."""
+        return set(self.logged) if self.logged is not None else {p for p, d in self.deltas.items() if d}
+
+    def rows(self) -> int:
+        """How many delta rows the update holds or keeps in the log (a bound: not merged)."""
+        if self.logged is not None:
+            return sum(self.logged.values())
+        return sum(len(d) for d in self.deltas.values())
 
 
 @dataclass
@@ -98,17 +114,25 @@ class Unit:
     initial: bool = False
 
     def delta(self, position: int) -> ZSet:
+        """The sum of the updates' deltas of ``position``; only for a unit that holds them
+        all (none ``logged``)."""
         out = ZSet()
         for u in self.updates:
+            assert u.logged is None, "a logged update's delta is read from the log"
             if position in u.deltas:
                 out.add_all(u.deltas[position])
         return out
+
+    @property
+    def logged(self) -> bool:
+        """Whether some update of the unit keeps its deltas in the update log only."""
+        return any(u.logged is not None for u in self.updates)
 
     def terms(self) -> list[int]:
         """The chain-rule terms: the initial load, or each changed relation in plan order."""
         if self.initial:
             return [INITIAL_TERM]
-        return sorted({p for u in self.updates for p in u.deltas if u.deltas[p]})
+        return sorted({p for u in self.updates for p in u.positions()})
 
 
 @dataclass
@@ -325,13 +349,29 @@ class ViewProtocol:
     def concurrent_deltas(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ZSet]:
         """Deltas of relation ``position`` that an answer from ``source`` with ``watermark``
         reflects but that are ordered after term ``term`` of ``unit``."""
+        deltas = (u.deltas.get(position) for u in self._concurrent(unit, term, position, source, watermark))
+        return [d for d in deltas if d is not None]
+
+    def concurrent_logged(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ViewUpdate]:
+        """The updates ``concurrent_deltas`` names whose delta of ``position`` is in the
+        update log only (``ViewUpdate.logged``): the caller reads and subtracts them too.
+
+        >>> p = ViewProtocol(parallelism=2)
+        >>> p.receive(ViewUpdate(1, "s1", 1, {0: ZSet({(1,): 1})}))
+        >>> p.receive(ViewUpdate(2, "s2", 1, {}, logged={1: 70_000}))
+        >>> u1 = p.start()
+        >>> p.concurrent_deltas(u1, 0, 1, "s2", 1), [u.seq for u in p.concurrent_logged(u1, 0, 1, "s2", 1)]
+        ([], [1])
+        """
+        updates = self._concurrent(unit, term, position, source, watermark)
+        return [u for u in updates if u.logged is not None and position in u.logged]
+
+    def _concurrent(self, unit: Unit, term: int, position: int, source: str, watermark: int) -> list[ViewUpdate]:
         orders, updates = self.live.run(source, unit.order, watermark)
         # the run starts at the unit's own updates: those of earlier terms are kept (the
         # chain rule); every later order, queued ones included (+inf), is subtracted
         own = bisect.bisect_right(orders, unit.order)
-        first = own if position <= term else 0
-        deltas = (u.deltas.get(position) for u in updates[first:])
-        return [d for d in deltas if d is not None]
+        return updates[own if position <= term else 0 :]
 
     def spilled_range(self, source: str, watermark: int) -> SpilledRange | None:
         """The spilled updates of ``source`` that an answer with ``watermark`` reflects: all

@@ -19,8 +19,11 @@ An update logged from parts may be of any size: the receiver hands it to the vie
 only, and each view queues it here (``ViewProtocol.receive_logged``). A read of the log
 holds one such update at most (``Catalog.log_range_read`` ends a chunk with it), read a part at
 a time into what the view reads of it, so what a read back or a compensation step holds is
-the budget's chunk plus that one update's delta: a unit that maintains it holds its delta
-whole, and sweeps it in parts (``warehouse.unit_parts``).
+the budget's chunk plus that one update's delta. Past the bound a unit sweeps at once, not
+even that: the view keeps the update's row counts only (``ViewUpdate.logged``), and whoever
+needs its deltas reads them a part of the log at a time (``SpillLog.logged``): a unit that
+maintains it spools them to disk by part (``warehouse.part_spool``), a compensation keeps
+the rows that join its partial result.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from contract.zset import ZSet
 from warehouse.catalog.db import Catalog, CatalogCall, LogEntry
 from warehouse.protocol import SpilledRange, ViewUpdate
 
@@ -70,6 +74,11 @@ class SpillLog(Protocol):
 
     def spilled(self, spilled: SpilledRange) -> AsyncIterator[list[ViewUpdate]]:
         """The view's updates of ``spilled``, in chunks of the log."""
+        ...
+
+    def logged(self, update: ViewUpdate) -> AsyncIterator[dict[int, ZSet]]:
+        """The deltas of an update kept in the log only (``ViewUpdate.logged``), by
+        position, one part of the log at a time: their sum is the update's deltas."""
         ...
 
 
@@ -131,10 +140,13 @@ class CatalogSpillLog:
         db: CatalogCall,
         extract: Callable[[LogEntry], ViewUpdate | None],
         released_through: Callable[[str], int],
+        extract_part: Callable[[LogEntry], dict[int, ZSet]],
     ) -> None:
+        """``extract_part``: what the view reads of one part of an update's changes."""
         self.db = db
         self.extract = extract
         self.released_through = released_through
+        self.extract_part = extract_part
 
     async def read_back(self, after: Mapping[str, int], most: int) -> Chunk:
         by_source: dict[str, list[LoggedEntry]] = {}
@@ -158,3 +170,9 @@ class CatalogSpillLog:
                 return
             yield [e.value for e in entries if e.value is not None]
             after = entries[-1].seq
+
+    async def logged(self, update: ViewUpdate) -> AsyncIterator[dict[int, ZSet]]:
+        index = 0
+        while (deltas := await self.db(Catalog.log_part_read, update.log_id, index, self.extract_part)) is not None:
+            yield deltas
+            index += 1

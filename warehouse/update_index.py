@@ -38,7 +38,8 @@ QUEUED = math.inf
 
 
 def update_changes(update: ViewUpdate) -> int:
-    """How many changes (delta rows) an update holds: what a queue's memory follows."""
+    """How many changes (delta rows) an update holds in memory: what a queue's memory
+    follows (none for one whose deltas are in the log only, ``ViewUpdate.logged``)."""
     return sum(len(delta) for delta in update.deltas.values())
 
 

@@ -363,8 +363,7 @@ async def _staged_as_of(
         taken_back = ZSet()
         used = 0
         for entry in later:
-            update = handle.extractor(entry)
-            delta = None if update is None else update.deltas.get(j)
+            delta = handle.extractor.deltas(entry).get(j)  # whole, at any size
             if delta:
                 taken_back.add_all(delta)
                 used += 1

@@ -29,17 +29,23 @@ In the Spark store the initial load does not run here but in the store's engine
 A unit whose deltas hold more than ``part_rows`` rows (``unit_parts.PART_ROWS`` unless the
 manager is given another bound) is swept in parts, one part of one term at a time, and each
 part's effect goes to the store at once (``parts``, ``warehouse.unit_parts``): the unit's
-effect is then empty, and its commit only records the order. A view with a LEFT JOIN is swept whole: its NULL-extended rows depend on every row
-of a key's delta at once.
+effect is then empty, and its commit only records the order. A view with a LEFT JOIN is
+swept whole: its NULL-extended rows depend on every row of a key's delta at once. A unit
+with updates whose deltas are in the log only (``ViewUpdate.logged``) spools them to disk by
+part first (``warehouse.part_spool``), and answers subtract such updates read from the log:
+no delta is held whole (docs/protocol.md, "Updates left in the log").
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from contract import expr
 from contract.schemas import KEY_RELATION, Subquery, SubqueryAnswer
@@ -47,10 +53,13 @@ from contract.zset import ZSet, total
 from warehouse import outer_join, unit_parts
 from warehouse.engine_load import EngineLoad
 from warehouse.join import distinct_keys, extend, key_chunks, key_function, local_join, matching
+from warehouse.part_spool import Spool
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
 from warehouse.spill import SpillLog
+
+T = TypeVar("T")
 
 KEYS_PER_SUBQUERY = 20_000
 """The most keys one subquery ships (the wire takes ``MAX_SUBQUERY_KEYS``): a larger step is
@@ -83,6 +92,28 @@ class PartSink(Protocol):
         ...
 
 
+class TakePart(Protocol):
+    """Part ``index`` of term ``term``'s delta, taken once, when it is swept."""
+
+    def __call__(self, term: int, index: int) -> Awaitable[ZSet]: ...
+
+
+def _held_parts(deltas: dict[int, ZSet], counts: Mapping[int, int]) -> TakePart:
+    """``TakePart`` of deltas held in memory: each term's delta (taken out of ``deltas``)
+    cut when its first part is taken, held as its parts only, each part no longer than
+    its sweep."""
+    pieces: dict[int, list[ZSet]] = {}
+
+    async def take(term: int, index: int) -> ZSet:
+        if term not in pieces:
+            pieces.clear()
+            pieces[term] = unit_parts.cut(deltas.pop(term), counts[term])
+        piece, pieces[term][index] = pieces[term][index], ZSet()
+        return piece
+
+    return take
+
+
 class ViewChange:
     def __init__(
         self,
@@ -99,6 +130,15 @@ class ViewChange:
         self.initial_load: EngineLoad | None = None  # set where the store joins the load itself
         self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
         self.part_rows = unit_parts.PART_ROWS  # the most delta rows swept at once, with ``parts``
+        self.executor: Executor | None = None  # runs a spool's file I/O (None: the loop's threads)
+
+    @property
+    def sweeps_in_parts(self) -> bool:
+        """Whether a unit larger than ``part_rows`` is swept in parts: where the store takes
+        parts, and the view has no LEFT JOIN (a key's NULL-extended rows depend on all of
+        its delta). Only such a view's updates may keep their deltas in the log
+        (``ViewUpdate.logged``)."""
+        return self.parts is not None and self.plan.outer is None
 
     async def run(self, unit: Unit, again: bool = False) -> tuple[ZSet, ChangeStats]:
         """The unit's effect, and what computing it cost. ``again``: the unit ran before (a
@@ -109,9 +149,14 @@ class ViewChange:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
         started = time.time()
+        if unit.logged:
+            assert self.sweeps_in_parts, "only a view that sweeps in parts leaves deltas in the log"
+            await self._run_logged_in_parts(unit, started, stats)
+            return ZSet(), stats
         deltas = self._deltas_in_parts(unit)
         if deltas:
-            await self._run_in_parts(unit, deltas, started, stats)
+            counts = {term: unit_parts.part_count(len(delta), self.part_rows) for term, delta in deltas.items()}
+            await self._run_in_parts(unit, counts, _held_parts(deltas, counts), started, stats)
             return ZSet(), stats
         if again and self.parts is not None and not unit.initial:
             await self.parts.keep(unit.order, ())  # cut into parts before (a larger part bound then)
@@ -120,28 +165,69 @@ class ViewChange:
 
     def _deltas_in_parts(self, unit: Unit) -> dict[int, ZSet]:
         """Each term's delta if ``unit`` is swept in parts; empty if whole."""
-        if self.parts is None or unit.initial or self.plan.outer is not None:
+        if not self.sweeps_in_parts or unit.initial:
             return {}
         most = self.part_rows
-        if sum(len(d) for u in unit.updates for d in u.deltas.values()) <= most:
+        if sum(u.rows() for u in unit.updates) <= most:
             return {}  # the deltas' sum has no more rows than its summands: whole
         deltas = {term: unit.delta(term) for term in unit.terms()}
         return deltas if sum(map(len, deltas.values())) > most else {}
 
-    async def _run_in_parts(self, unit: Unit, deltas: dict[int, ZSet], started: float, stats: ChangeStats) -> None:
-        """Sweep each term's delta (taken out of ``deltas``) part by part, one part at a time,
-        and store each part's effect; the parts the store holds already (a run before a
-        fault or a restart) are skipped, and any other stored part of the unit's order is
-        dropped."""
+    async def _run_logged_in_parts(self, unit: Unit, started: float, stats: ChangeStats) -> None:
+        """Sweep a unit with updates whose deltas are in the log only: each term's rows, held
+        or read from the log a part of it at a time, are spooled to disk by part
+        (``warehouse.part_spool``), and swept a part at a time. The parts are counted from
+        the updates' row counts (not merged: no sum is ever held), and nothing is spooled
+        when the store holds every part already."""
+        rows: dict[int, int] = {}
+        for u in unit.updates:
+            for term in u.positions():
+                rows[term] = rows.get(term, 0) + (u.logged[term] if u.logged is not None else len(u.deltas[term]))
+        counts = {term: unit_parts.part_count(n, self.part_rows) for term, n in rows.items()}
+        with tempfile.TemporaryDirectory(prefix="pvm-unit-parts-") as directory:
+            spools: dict[int, Spool] = {}
+
+            async def take(term: int, index: int) -> ZSet:
+                if not spools:
+                    spools.update(await self._spool(unit, counts, Path(directory)))
+                return await self._off_loop(spools[term].part, index)
+
+            await self._run_in_parts(unit, counts, take, started, stats)
+
+    async def _spool(self, unit: Unit, counts: dict[int, int], directory: Path) -> dict[int, Spool]:
+        """Every term's rows of ``unit`` on disk, by part: one pass over each logged update."""
+        spools = {}
+        for term, count in counts.items():
+            (directory / f"t{term}").mkdir()
+            spools[term] = Spool(directory / f"t{term}", count)
+        assert self.spill_log is not None, "updates were left in the log without a log to read them from"
+        for u in unit.updates:
+            if u.logged is None:
+                for term, delta in u.deltas.items():
+                    await self._off_loop(spools[term].add, delta)
+                continue
+            async for deltas in self.spill_log.logged(u):
+                for term, delta in deltas.items():
+                    await self._off_loop(spools[term].add, delta)
+        return spools
+
+    async def _off_loop(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    async def _run_in_parts(
+        self, unit: Unit, counts: dict[int, int], take: TakePart, started: float, stats: ChangeStats
+    ) -> None:
+        """Sweep each term's delta (``counts`` parts of it, each from ``take``) part by part,
+        one part at a time, and store each part's effect; the parts the store holds already
+        (a run before a fault or a restart) are skipped, and any other stored part of the
+        unit's order is dropped."""
         assert self.parts is not None
-        counts = {term: unit_parts.part_count(len(delta), self.part_rows) for term, delta in deltas.items()}
         stored = await self.parts.keep(unit.order, unit_parts.names(sorted(counts.items())))
         for term, count in sorted(counts.items()):
-            pieces = unit_parts.cut(deltas.pop(term), count)  # the term's delta held as its parts only
             for index in range(count):
-                piece, pieces[index] = pieces[index], ZSet()  # held no longer than its sweep
                 name = unit_parts.part_name(term, index, count)
                 if name not in stored:
+                    piece = await take(term, index)
                     await self.parts.put(unit.order, name, await self._sweep(unit, term, started, stats, piece))
                     stats.parts += 1
 
@@ -255,26 +341,39 @@ class ViewChange:
     ) -> ZSet | None:
         """The sum of the deltas of ``step``'s relation that an answer with ``watermark``
         reflects and term ``term`` of ``unit`` must not (None: none): queued or numbered
-        ones from memory, spilled ones from the update log. Both are named at the instant
-        the answer arrived, before anything is read. Of the spilled ones only the rows that
-        join ``partial`` are kept (all with ``partial`` None), so a long spilled tail costs
-        reading, not memory."""
+        ones from memory, spilled ones and those kept in the log only
+        (``ViewUpdate.logged``) from the update log. All are named at the instant the answer
+        arrived, before anything is read. Of those read from the log only the rows that
+        join ``partial`` are kept (all with ``partial`` None), so a long spilled tail or a
+        huge update costs reading, not memory."""
         relation = self.plan.relations[step.relation]
         concurrent = self.protocol.concurrent_deltas(unit, term, step.relation, relation.source, watermark)
+        logged = self.protocol.concurrent_logged(unit, term, step.relation, relation.source, watermark)
         spilled = self.protocol.spilled_range(relation.source, watermark)
         stats.compensations += len(concurrent)
         undone = total(concurrent) if concurrent else None
-        if spilled is None:
+        if spilled is None and not logged:
             return undone
         assert self.spill_log is not None, "updates were spilled without a log to read them from"
         undone = undone if undone is not None else ZSet()
-        async for updates in self.spill_log.spilled(spilled):
-            deltas = [u.deltas[step.relation] for u in updates if step.relation in u.deltas]
-            stats.compensations += len(deltas)
-            stats.compensations_from_log += len(deltas)
-            if deltas:
-                read = total(deltas)
-                undone.add_all(read if partial is None else matching(partial, step, read, relation.cols()))
+
+        def subtract(read: ZSet) -> None:
+            undone.add_all(read if partial is None else matching(partial, step, read, relation.cols()))
+
+        if spilled is not None:
+            async for updates in self.spill_log.spilled(spilled):
+                deltas = [u.deltas[step.relation] for u in updates if step.relation in u.deltas]
+                logged.extend(u for u in updates if u.logged is not None and step.relation in u.logged)
+                stats.compensations += len(deltas)
+                stats.compensations_from_log += len(deltas)
+                if deltas:
+                    subtract(total(deltas))
+        for update in logged:  # a part of the log at a time
+            stats.compensations += 1
+            stats.compensations_from_log += 1
+            async for part in self.spill_log.logged(update):
+                if step.relation in part:
+                    subtract(part[step.relation])
         return undone or None
 
     async def _answer(

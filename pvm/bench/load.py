@@ -286,9 +286,8 @@ async def large_update(manager: Any, view: str, pg_url: str, rows: int, in_parts
     handle = manager.view(view)
     await manager.wait_idle(view, timeout=3600)
     received = handle.maintainer.counters.updates_received
-    change = handle.maintainer.view_change
-    saved = change.part_rows
-    change.part_rows = saved if in_parts else 2**62
+    saved = handle.maintainer.view_change.part_rows
+    handle.set_part_rows(saved if in_parts else 2**62)
     parts_before = handle.maintainer.counters.unit_parts
     try:
         with rss_peaks({"manager": os.getpid()}, 0.05) as peaks:
@@ -302,7 +301,7 @@ async def large_update(manager: Any, view: str, pg_url: str, rows: int, in_parts
             await manager.wait_idle(view, timeout=3600)
             seconds = time.perf_counter() - started
     finally:
-        change.part_rows = saved
+        handle.set_part_rows(saved)
     if handle.maintainer.failed is not None:
         raise CliError(f"the view failed to maintain the update: {handle.maintainer.failed}")
     return {

@@ -85,16 +85,17 @@ def read_live(paths: dict[str, Path]) -> dict[tuple[str, str], ZSet]:
 
 @contextlib.asynccontextmanager
 async def deployed(
-    spark: SparkSession, tmp_path: Path, paths: dict[str, Path]
+    spark: SparkSession, tmp_path: Path, paths: dict[str, Path], wrapper_args: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[SparkStore, LocalDeployment]]:
-    """A wrapper per source and a manager over a Spark store in ``tmp_path / "data"``; the
-    store's views are dropped afterwards (the session's catalog is shared)."""
+    """A wrapper per source (``wrapper_args`` added to its command line) and a manager over
+    a Spark store in ``tmp_path / "data"``; the store's views are dropped afterwards (the
+    session's catalog is shared)."""
     store = SparkStore(spark, tmp_path / "data")
     try:
         async with LocalDeployment(tmp_path, store) as deployment:
             await side_by_side(
                 *(
-                    deployment.add_sqlite_source(source, paths[source], [table])
+                    deployment.add_sqlite_source(source, paths[source], [table], capture_args=wrapper_args)
                     for source, (table, _) in SOURCES.items()
                 )
             )
@@ -168,15 +169,22 @@ async def test_aggregate_views_load_in_spark_and_equal_recomputation(spark, tmp_
             assert manager.read(shape) == recomputed(manager, shape, paths), shape
 
 
-async def test_updates_during_the_load_are_compensated(spark, tmp_path):
+@pytest.mark.parametrize("large", [False, True])
+async def test_updates_during_the_load_are_compensated(spark, tmp_path, large):
     """Before each relation's snapshot is taken, its source changes: the snapshot reflects the
     change, and the view queued it too. The load must subtract it, and the view as of the
-    load (W = 1) must be the sources before those changes; the changes are maintained after."""
+    load (W = 1) must be the sources before those changes; the changes are maintained after.
+    ``large``: each change is shipped in parts and has more rows than a unit sweeps at once,
+    so the view keeps it in the update log only (``ViewUpdate.logged``), and the load
+    subtracts it read from there."""
     paths = make_sources(tmp_path, rows=200)
     before = read_live(paths)
     rng = random.Random(7)
-    async with deployed(spark, tmp_path, paths) as (store, deployment):
+    inserted = range(1000, 1030) if large else (1000, 1001)
+    wrapper_args = ("--part-changes", "4") if large else ()
+    async with deployed(spark, tmp_path, paths, wrapper_args) as (store, deployment):
         manager = deployment.manager
+        manager.unit_part_rows = 5 if large else None
         changed = []
 
         def change_first(original):
@@ -186,7 +194,7 @@ async def test_updates_during_the_load_are_compensated(spark, tmp_path):
                 with contextlib.closing(sqlite3.connect(paths[source])) as db:
                     db.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 3)")
                     cols = COLUMNS[(source, table)]
-                    rows = [random_row(table, k, rng, 200) for k in (1, 2, 1000, 1001)]
+                    rows = [random_row(table, k, rng, 200) for k in (1, 2, *inserted)]
                     db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
                     db.execute(
                         f"UPDATE {table} SET b = b + 1 WHERE id = 10"
@@ -209,7 +217,10 @@ async def test_updates_during_the_load_are_compensated(spark, tmp_path):
         plan = manager.view("v").plan
         assert manager.read("v", as_of=1) == recompute(plan, before, COLUMNS)  # the sources as of the load
         assert manager.read("v") == recomputed(manager, "v", paths)  # and the changes maintained after it
-        assert manager.view("v").maintainer.counters.compensations >= 3  # one update per source at least
+        counters = manager.view("v").maintainer.counters
+        assert counters.compensations >= 3  # one update per source at least
+        # each large update subtracted read from the log: by the load, and by later units
+        assert counters.compensations_from_log >= 3 if large else counters.compensations_from_log == 0
 
 
 class Gate:

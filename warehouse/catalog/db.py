@@ -645,6 +645,19 @@ class Catalog:
         parted = next((i for i, r in enumerate(rows) if r.parts), len(rows))
         return rows[: parted + 1]
 
+    def log_part_read(self, log_id: int, index: int, read: Callable[[LogEntry], T]) -> T | None:
+        """``read`` of part ``index`` of the update logged from parts as entry ``log_id``, as
+        an entry of that part's changes only; None past its last part (or for an entry that
+        is gone or was logged whole)."""
+        with Session(self.engine) as s:
+            row = s.get(LogRow, log_id)
+            if row is None or index >= row.parts:
+                return None
+            changes: list[dict[str, Any]] = s.scalars(
+                select(LogPartRow.changes).where(LogPartRow.log_id == log_id, LogPartRow.part == index)
+            ).one()
+            return read(LogEntry(row.id, row.source, row.seq, changes, row.captured_at, row.received_at, row.parts))
+
     def log_releases(self, ids: Sequence[int]) -> list[LogEntry | LogRef]:
         """The log entries ``ids`` as the receiver releases them: whole, or named only
         (``LogRef``) where logged from parts. Reads no part of those."""
