@@ -137,3 +137,40 @@ async def test_updates_acknowledged_while_a_post_beside_reads_them_are_left_alon
             wrapper._whole = whole  # type: ignore[method-assign]
             await wrapper._ship_pending()
             assert manager.through("src") == 3
+
+
+async def test_the_ship_lock_s_turn_reads_what_a_post_beside_left_unacknowledged(tmp_path: Path) -> None:
+    """The post in flight is answered first (through seq 1), the post beside it later (through
+    seq 2, which it carried). The ship lock's next turn waits for the post beside, and then
+    must not read seq 2: the post beside's acknowledgment forgets it. It used to be applied
+    after the turn was let go, so the turn could read seq 2's head while its changes were
+    being forgotten ("part 0 of pending update seq 2 is missing", a subquery's 503, seen
+    under load). Here the acknowledgment's thread is slow, and the turn's read of the
+    changes waits for it."""
+    with FakeManager() as manager:
+        manager.delays = [0.3, SLOW]  # seq 1's post is handled first, the post beside after it
+        async with wrapper_of(tmp_path, manager) as (wrapper, path):
+            shipping = await post_in_flight(wrapper, path)  # then ships whatever is pending
+            insert(path, 2)
+            await wrapper._capture_locked()
+            whole, calls = wrapper._whole, []
+
+            def late_for_the_turn(heads):  # on a thread: the post beside's read, then the turn's
+                calls.append([h.seq for h in heads])
+                deadline = time.monotonic() + 10
+                while len(calls) > 1 and wrapper.state.acked_through < 2:
+                    assert time.monotonic() < deadline, "the post beside was never acknowledged"
+                    time.sleep(0.005)
+                return whole(heads)
+
+            ack = wrapper.state.ack
+
+            def late_ack(through: int) -> None:  # its thread scheduled after the turn's read
+                time.sleep(0.2)
+                ack(through)
+
+            wrapper._whole = late_for_the_turn  # type: ignore[method-assign]
+            wrapper.state.ack = late_ack  # type: ignore[method-assign]
+            await asyncio.gather(wrapper._overtake(1), shipping)
+            assert wrapper.state.acked_through == 2 and calls == [[2]]
+    assert [u.changes[0].row["id"] for u in manager.updates("src")] == [1, 2]

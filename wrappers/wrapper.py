@@ -432,14 +432,16 @@ class Wrapper:
             shipped = self._one_post(heads)
             updates = await asyncio.to_thread(self._whole, shipped)
             through = await self._shipper.send_ahead(updates, self._last_seq)
+            self._shipped_through = max(self._shipped_through, shipped[-1].seq)
+            # before the ship lock's turn, which waits for this post, reads the pending
+            # updates: the manager may acknowledge through more than the turn knows of (the
+            # post in flight was answered first), and what is acknowledged is forgotten
+            await asyncio.to_thread(self.state.ack, through)
         except (httpx.HTTPError, ShipError) as exc:
             log.debug("a post past the one in flight failed (the ship lock's turn sends it): %s", exc)
-            return
         finally:
             self._overtaking = None
             done.set()
-        self._shipped_through = max(self._shipped_through, shipped[-1].seq)
-        await asyncio.to_thread(self.state.ack, through)
 
     async def _ship_batch(self) -> bool:
         """Send the oldest pending updates (one post's worth, or one update in parts) and wait
