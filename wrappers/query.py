@@ -50,7 +50,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from contract.expr import And, Cmp, Col, Expr, Like, Not, Or, WireError, columns, from_wire, to_sqlalchemy
 from contract.schemas import KEY_RELATION, Subquery
 from contract.value_fit import Family, source_family
-from wrappers.capture.types import wire_value
+from wrappers.capture.types import wire_values
 from wrappers.errors import InvalidRequest
 from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES, checked_family, fit_clause
 from wrappers.schema import SourceSchema, TableSchema
@@ -293,7 +293,7 @@ def evaluate(conn: sa.Connection, query: PreparedQuery) -> list[list[Any]]:
             keys = [{"_k": i, **dict(zip(names, key))} for i, key in enumerate(query.keys)]
             conn.execute(shape.key_table.insert(), keys)
             rows = conn.execute(shape.statement)
-        return [[wire_value(v) for v in row] for row in rows]
+        return [wire_values(row) for row in rows]
     except (sa.exc.DataError, OverflowError) as exc:
         reason = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
         raise InvalidRequest(f"the source cannot take a key or literal value of this subquery: {reason}") from None
