@@ -57,7 +57,7 @@ from contract.zset import ZSet, total
 from warehouse.aggregate import encode_sql
 from warehouse.plan import RelationRef, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
-from warehouse.spill import SpillLog
+from warehouse.spill import SpillLog, deltas_from_log
 
 WEIGHT = "_w"
 ORDER = "_order"
@@ -403,17 +403,9 @@ class EngineLoad:
         spilled = self.protocol.spilled_range(relation.source, watermark)
         undone, from_log = total(concurrent), 0
         if spilled is not None or logged:
-            log = self.spill_log
-            assert log is not None, "updates were spilled without a log to read them from"
-            if spilled is not None:
-                async for updates in log.spilled(spilled):
-                    deltas = [u.deltas[j] for u in updates if j in u.deltas]
-                    logged.extend(u for u in updates if u.logged is not None and j in u.logged)
-                    undone.add_all(total(deltas))
-                    from_log += len(deltas)
-            for update in logged:  # kept in the log only (``ViewUpdate.logged``): a part of it at a time
-                async for part in log.logged(update):
-                    undone.add_all(part.get(j, ZSet()))
-                from_log += 1
+            assert self.spill_log is not None, "updates were spilled without a log to read them from"
+            async for read, updates in deltas_from_log(self.spill_log, j, spilled, logged):
+                undone.add_all(read)
+                from_log += updates
         path = write_taken_back(undone, schema, staging / f"c{j}.parquet")
         return path, len(concurrent) + from_log, from_log

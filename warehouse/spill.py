@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from contract.zset import ZSet
+from contract.zset import ZSet, total
 from warehouse.catalog.db import Catalog, CatalogCall, LogEntry
 from warehouse.protocol import SpilledRange, ViewUpdate
 
@@ -80,6 +80,28 @@ class SpillLog(Protocol):
         """The deltas of an update kept in the log only (``ViewUpdate.logged``), by
         position, one part of the log at a time: their sum is the update's deltas."""
         ...
+
+
+async def deltas_from_log(
+    log: SpillLog, position: int, spilled: SpilledRange | None, logged: Sequence[ViewUpdate]
+) -> AsyncIterator[tuple[ZSet, int]]:
+    """What an answer subtracts of relation ``position`` from the update log, named when it
+    arrived: the queued updates of ``spilled`` a chunk of the log at a time, then those kept
+    in the log only (``logged``, and any met among the spilled ones) a part at a time. Each
+    delta comes with how many updates it is the first read of, so that every update is
+    counted once however it is cut."""
+    logged = list(logged)
+    if spilled is not None:
+        async for updates in log.spilled(spilled):
+            deltas = [u.deltas[position] for u in updates if position in u.deltas]
+            logged.extend(u for u in updates if u.logged is not None and position in u.logged)
+            if deltas:
+                yield total(deltas), len(deltas)
+    for update in logged:
+        first = 1
+        async for part in log.logged(update):
+            yield part.get(position, ZSet()), first
+            first = 0
 
 
 def release_order(by_source: Mapping[str, Sequence[LoggedEntry]], most: int) -> Chunk:
@@ -172,7 +194,11 @@ class CatalogSpillLog:
             after = entries[-1].seq
 
     async def logged(self, update: ViewUpdate) -> AsyncIterator[dict[int, ZSet]]:
-        index = 0
-        while (deltas := await self.db(Catalog.log_part_read, update.log_id, index, self.extract_part)) is not None:
+        index, parts = 0, 1  # the count comes with the first part
+        while index < parts:
+            read = await self.db(Catalog.log_part_read, update.log_id, index, self.extract_part)
+            if read is None:
+                return
+            parts, deltas = read
             yield deltas
             index += 1

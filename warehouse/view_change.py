@@ -57,7 +57,7 @@ from warehouse.part_spool import Spool
 from warehouse.plan import SweepStep, ViewPlan
 from warehouse.protocol import INITIAL_TERM, Unit, ViewProtocol
 from warehouse.sources import SourceClient, SourceError
-from warehouse.spill import SpillLog
+from warehouse.spill import SpillLog, deltas_from_log
 
 T = TypeVar("T")
 
@@ -356,24 +356,11 @@ class ViewChange:
             return undone
         assert self.spill_log is not None, "updates were spilled without a log to read them from"
         undone = undone if undone is not None else ZSet()
-
-        def subtract(read: ZSet) -> None:
-            undone.add_all(read if partial is None else matching(partial, step, read, relation.cols()))
-
-        if spilled is not None:
-            async for updates in self.spill_log.spilled(spilled):
-                deltas = [u.deltas[step.relation] for u in updates if step.relation in u.deltas]
-                logged.extend(u for u in updates if u.logged is not None and step.relation in u.logged)
-                stats.compensations += len(deltas)
-                stats.compensations_from_log += len(deltas)
-                if deltas:
-                    subtract(total(deltas))
-        for update in logged:  # a part of the log at a time
-            stats.compensations += 1
-            stats.compensations_from_log += 1
-            async for part in self.spill_log.logged(update):
-                if step.relation in part:
-                    subtract(part[step.relation])
+        async for read, updates in deltas_from_log(self.spill_log, step.relation, spilled, logged):
+            stats.compensations += updates
+            stats.compensations_from_log += updates
+            if read:
+                undone.add_all(read if partial is None else matching(partial, step, read, relation.cols()))
         return undone or None
 
     async def _answer(

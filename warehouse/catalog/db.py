@@ -645,10 +645,10 @@ class Catalog:
         parted = next((i for i, r in enumerate(rows) if r.parts), len(rows))
         return rows[: parted + 1]
 
-    def log_part_read(self, log_id: int, index: int, read: Callable[[LogEntry], T]) -> T | None:
-        """``read`` of part ``index`` of the update logged from parts as entry ``log_id``, as
-        an entry of that part's changes only; None past its last part (or for an entry that
-        is gone or was logged whole)."""
+    def log_part_read(self, log_id: int, index: int, read: Callable[[LogEntry], T]) -> tuple[int, T] | None:
+        """How many parts the update logged from parts as entry ``log_id`` has, and ``read``
+        of part ``index`` of it, as an entry of that part's changes only; None past its last
+        part (or for an entry that is gone or was logged whole)."""
         with Session(self.engine) as s:
             row = s.get(LogRow, log_id)
             if row is None or index >= row.parts:
@@ -656,7 +656,8 @@ class Catalog:
             changes: list[dict[str, Any]] = s.scalars(
                 select(LogPartRow.changes).where(LogPartRow.log_id == log_id, LogPartRow.part == index)
             ).one()
-            return read(LogEntry(row.id, row.source, row.seq, changes, row.captured_at, row.received_at, row.parts))
+            entry = LogEntry(row.id, row.source, row.seq, changes, row.captured_at, row.received_at, row.parts)
+            return row.parts, read(entry)
 
     def log_releases(self, ids: Sequence[int]) -> list[LogEntry | LogRef]:
         """The log entries ``ids`` as the receiver releases them: whole, or named only
