@@ -105,6 +105,11 @@ class Health(BaseModel):
     )
     quarantine: Quarantine = Field(default_factory=Quarantine)
     held: Held
+    standing_snapshot: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the snapshot kept to answer subqueries (wrappers/standing_snapshot.py): its watermark "
+        "(null: none stands), how long one stands, the subqueries answered in one and the snapshots that stood",
+    )
 
 
 class ColumnInfo(BaseModel):

@@ -233,6 +233,11 @@ class Subquery(BaseModel):
     predicate. Expressions use the JSON form of ``contract.expr``. When more subqueries
     wait than the source answers at once, the smallest ``priority`` goes first: the manager
     sends the time its maintenance unit started, so the oldest unit is served first.
+
+    ``at_least``: the answer may come from any exact snapshot whose watermark is at least
+    this seq and whose updates through it the manager holds, an older one than the
+    request included (docs/protocol.md, "Answers from a standing snapshot"). Absent, from
+    a snapshot taken after the request arrived.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -248,6 +253,12 @@ class Subquery(BaseModel):
         description="the relation's columns to answer with; none: one count per key (an outer join's partner counts)",
     )
     priority: float = Field(default=0.0, allow_inf_nan=False)
+    at_least: int | None = Field(
+        default=None,
+        ge=0,
+        le=INT64_MAX,
+        description="the least watermark the answer may have (absent: a snapshot taken after the request arrived)",
+    )
 
     @model_validator(mode="after")
     def _keys_of_one_width(self) -> Subquery:

@@ -205,6 +205,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from contract.schemas import MAX_CHANGES_PER_UPDATE
     from wrappers.parts import DEFAULT_PART_BYTES, DEFAULT_PART_CHANGES, MAX_PART_BYTES
     from wrappers.quarantine import DEFAULT_MAX_VALUE_BYTES
+    from wrappers.standing_snapshot import STANDING_SECONDS
 
     parser.epilog = CAPTURE_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -273,6 +274,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_positive_float,
         default=0.05,
         help="seconds between two reads of the captured changes (default: 0.05)",
+    )
+    run_p.add_argument(
+        "--standing-snapshot-seconds",
+        type=_non_negative_float,
+        default=STANDING_SECONDS,
+        help="how long the newest snapshot whose updates the manager holds answers later subqueries "
+        "(wrappers/standing_snapshot.py; 0: each subquery takes a snapshot of its own; SQLite sources keep none) "
+        f"(default: {STANDING_SECONDS})",
     )
     run_p.add_argument(
         "--query-delay-ms",
@@ -464,6 +473,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_value_bytes=args.max_value_bytes,
         update_encoding=args.update_encoding,
         part_limits=PartLimits(args.part_changes, args.part_bytes),
+        standing_seconds=args.standing_snapshot_seconds,
     )
     arrow_from_the_c_allocator()  # as the manager does (pvm/heap.py)
     try:

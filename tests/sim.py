@@ -48,6 +48,9 @@ class SimSource:
     receive: object = None  # async (source, [Update]) -> Ack, set once the manager exists
     trace: list[tuple] | None = None  # shared by a schedule's sources: (time, source, relation, keys, watermark)
     part_size: int | None = None  # ship every update in parts of this many changes (None: whole)
+    past: random.Random | None = None  # half the answers with ``at_least`` come from an older state
+    floor_ignored: bool = False  # broken on purpose: those answers may come from below ``at_least``
+    past_answers: int = 0  # answers given in a state older than the source's current one
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
@@ -135,6 +138,12 @@ class SimSource:
         async with self._lock:
             snapshot = await self._ship_locked(q.relation)
             watermark = len(self.shipped)
+            if self.past is not None and q.at_least is not None and self.past.random() < 0.5:
+                # a standing snapshot: any exact state from ``at_least`` on, all of it shipped
+                assert q.at_least <= watermark, (q.at_least, watermark)
+                older = self.past.randint(0 if self.floor_ignored else q.at_least, watermark)
+                self.past_answers += older < watermark
+                watermark, snapshot = older, self.state_at(older)[q.relation]
         if self.delays.evaluation:
             await asyncio.sleep(self.rng.uniform(0, self.delays.evaluation))
         if self.trace is not None:
@@ -236,7 +245,9 @@ async def start_sim_manager(
 
     rng = random.Random(seed)
     sources = sources or {
-        name: SimSource(name, t, random.Random(rng.random()), delays or Delays(), trace=trace)
+        name: SimSource(
+            name, t, random.Random(rng.random()), delays or Delays(), trace=trace, past=random.Random(f"{seed}-{name}")
+        )
         for name, t in tables.items()
     }
     for s in sources.values():

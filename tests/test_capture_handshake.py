@@ -12,6 +12,7 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -117,20 +118,26 @@ def writers(url: str, n: int, stop: threading.Event, committed: list[bool], base
 
 def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_path: Path) -> None:
     """Every answer equals the Python join over the initial rows plus exactly updates
-    1..watermark, while three connections commit and roll back multi-row transactions."""
+    1..watermark, while three connections commit and roll back multi-row transactions;
+    half the subqueries carry ``at_least`` (what the manager holds when asked), and those
+    may be answered in a standing snapshot: exact too, and never below it."""
     stop = threading.Event()
     committed: list[bool] = []
-    answers: list[tuple[list, object, dict]] = []
+    answers: list[tuple[list, object, dict, int | None]] = []
 
-    def query(seed: int, wrapper_url: str) -> None:
+    def query(seed: int, wrapper_url: str, held: Callable[[], int]) -> None:
         rng = random.Random(seed)
         with httpx.Client(base_url=wrapper_url, timeout=60) as client:
             while not stop.is_set():
                 keys = [[k] for k in rng.sample(range(6), rng.randint(1, 4))]
                 where = rng.choice([None, Like(Col("r", "v"), "x%"), Like(Col("r", "v"), "x\\%")])
-                response = client.post("/v1/subquery", json=subquery(keys, where, ["id", "v"]))
+                body = subquery(keys, where, ["id", "v"])
+                at_least = held() if rng.random() < 0.5 else None
+                if at_least is not None:
+                    body["at_least"] = at_least
+                response = client.post("/v1/subquery", json=body)
                 response.raise_for_status()
-                answers.append((keys, where, response.json()))
+                answers.append((keys, where, response.json(), at_least))
 
     with FakeManager(token=TOKEN) as manager:
         url = source[0]
@@ -138,7 +145,8 @@ def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_p
             source, manager, tmp_path, poll_interval=0.02, query_delay_ms=5, max_concurrent_queries=2
         ) as wrapper:
             threads = writers(url, 3, stop, committed, base=1)
-            threads += [threading.Thread(target=query, args=(s, wrapper.url)) for s in range(3)]
+            held = lambda: len(manager.updates(SOURCE))  # noqa: E731
+            threads += [threading.Thread(target=query, args=(s, wrapper.url, held)) for s in range(3)]
             for t in threads:
                 t.start()
             started = time.monotonic()  # 3 s, longer on a loaded machine until there is enough to check
@@ -155,13 +163,14 @@ def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_p
                 conn.execute(sa.text("INSERT INTO r VALUES (:id, 0, 'lone')"), {"id": 9_999_999})
             engine.dispose()
             last = flush(wrapper.url)
+            standing = httpx.get(f"{wrapper.url}/v1/health").json()["standing_snapshot"]
 
         updates = manager.updates(SOURCE)
         assert not manager.conflicts
     assert [u.seq for u in updates] == list(range(1, last + 1))
     initial = ZSet.from_rows(INITIAL)
     assert replay(initial, updates) == contents(url)  # rolled-back work never shipped
-    watermarks = {a["watermark"] for _, _, a in answers}
+    watermarks = {a["watermark"] for _, _, a, _ in answers}
     assert sum(committed) > 50 and len(answers) > 30 and len(watermarks) > 5, (
         sum(committed),
         len(answers),
@@ -170,9 +179,11 @@ def test_handshake_under_concurrent_writers(source: tuple[str, list[str]], tmp_p
     states = {0: initial}
     for w in range(1, last + 1):
         states[w] = replay(states[w - 1], [updates[w - 1]])
-    for keys, where, answer in answers:
+    for keys, where, answer, at_least in answers:
         got = {tuple(row[:-1]): row[-1] for row in answer["rows"]}
         assert got == expected_answer(keys, where, states[answer["watermark"]], ["id", "v"]), answer["watermark"]
+        assert at_least is None or answer["watermark"] >= at_least
+    assert standing["answers"] > 5, standing  # answered without a handshake of their own
     if url.startswith("postgresql") and not source[1]:  # trigger capture names PostgreSQL's transactions
         assert updates[-1].txid  # the lone transaction: an update of one transaction names it
 

@@ -621,6 +621,7 @@ class Manager:
             spill_log=spill_log,
         )
         maintainer.view_change.initial_load = self._engine_load(plan, protocol, spill_log)
+        maintainer.view_change.released_through = self.receiver.released_through
         handle = ViewHandle(info, plan, extractor, maintainer, None)
         default = maintainer.view_change.part_rows  # unit_parts.PART_ROWS
         handle.set_part_rows(self.unit_part_rows if self.unit_part_rows is not None else default)

@@ -86,6 +86,7 @@ class HttpSourceClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._retry_seconds = retry_seconds
         self._session: aiohttp.ClientSession | None = None  # made in the event loop that uses it
+        self.takes_at_least = True  # until a wrapper older than ``Subquery.at_least`` refuses it
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -130,7 +131,21 @@ class HttpSourceClient:
         }
 
     async def subquery(self, request: Subquery) -> SubqueryAnswer:
-        return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", request.model_dump_json()))
+        """The wrapper's answer. ``at_least`` goes only where given, and to a wrapper that
+        refused it once (one older than it: its 422 names the field) no more: such a
+        wrapper answers in a snapshot taken after the request, which is always allowed."""
+        if request.at_least is not None and self.takes_at_least:
+            try:
+                return SubqueryAnswer.model_validate_json(
+                    await self._call("POST", "/v1/subquery", request.model_dump_json())
+                )
+            except SourceError as exc:
+                if "at_least" not in str(exc) or isinstance(exc, _ServerFailed):
+                    raise
+                self.takes_at_least = False
+                log.warning("source %r does not take at_least (an older wrapper): answers come as of now", self.name)
+        body = request.model_dump_json(exclude={"at_least"})
+        return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", body))
 
     @contextmanager
     def open_snapshot(self, request: RelationSnapshot) -> Iterator[Readable]:

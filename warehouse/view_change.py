@@ -131,6 +131,11 @@ class ViewChange:
         self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
         self.part_rows = unit_parts.PART_ROWS  # the most delta rows swept at once, with ``parts``
         self.executor: Executor | None = None  # runs a spool's file I/O (None: the loop's threads)
+        self.released_through: Callable[[str], int] | None = None
+        """Each source's seq through which the manager has released its updates (the
+        receiver's); None: subqueries carry no ``at_least``, answered in a snapshot taken
+        after they arrive."""
+        self._floors: dict[int, dict[str, int]] = {}  # by unit order, while it runs
 
     @property
     def sweeps_in_parts(self) -> bool:
@@ -148,6 +153,14 @@ class ViewChange:
         if unit.initial and self.initial_load is not None:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
+        if not unit.initial and self.released_through is not None:
+            self._floors[unit.order] = {s: self.released_through(s) for s in self.plan.sources}
+        try:
+            return await self._run(unit, again, stats)
+        finally:
+            self._floors.pop(unit.order, None)
+
+    async def _run(self, unit: Unit, again: bool, stats: ChangeStats) -> tuple[ZSet, ChangeStats]:
         started = time.time()
         if unit.logged:
             assert self.sweeps_in_parts, "only a view that sweeps in parts leaves deltas in the log"
@@ -287,7 +300,7 @@ class ViewChange:
         answer's watermark: a subquery selecting no column, answered with one count per key."""
         step = self.plan.partner_step
         relation = self.plan.relations[step.relation]
-        answer = await self._answer(step, keys, priority, stats, select=())
+        answer = await self._answer(unit, step, keys, priority, stats, select=())
         undone = await self._undone(unit, term, step, None, answer.watermark, stats)
         return outer_join.count_partners(keys, _answer_rows(answer, len(keys), 0), step, relation.cols(), undone)
 
@@ -325,7 +338,7 @@ class ViewChange:
         """``partial ⋈ R`` for one subquery of ``keys`` (every key of ``partial``), compensated
         against its answer's watermark; with ``partners``, the keys' partner counts too."""
         relation = self.plan.relations[step.relation]
-        answer = await self._answer(step, keys, priority, stats, relation.columns)
+        answer = await self._answer(unit, step, keys, priority, stats, relation.columns)
         rows = list(_answer_rows(answer, len(keys), len(relation.columns)))
         result = extend(partial, step, keys, rows)
         undone = await self._undone(unit, term, step, partial, answer.watermark, stats)
@@ -364,16 +377,29 @@ class ViewChange:
         return undone or None
 
     async def _answer(
-        self, step: SweepStep, keys: list[tuple], priority: float, stats: ChangeStats, select: tuple[str, ...]
+        self,
+        unit: Unit,
+        step: SweepStep,
+        keys: list[tuple],
+        priority: float,
+        stats: ChangeStats,
+        select: tuple[str, ...],
     ) -> SubqueryAnswer:
         relation = self.plan.relations[step.relation]
         started = time.perf_counter()
-        answer = await self.sources[relation.source].subquery(self._request(step, keys, priority, select))
+        # Every update ordered before the unit was released before it started: an answer
+        # whose watermark reaches the source's released seq of then reflects all of them,
+        # and compensation subtracts what it reflects of the later ones (docs/protocol.md).
+        floor = self._floors.get(unit.order, {}).get(relation.source)
+        request = self._request(step, keys, priority, select, floor)
+        answer = await self.sources[relation.source].subquery(request)
         stats.subqueries += 1
         stats.subquery_seconds.setdefault(relation.source, []).append(time.perf_counter() - started)
         return answer
 
-    def _request(self, step: SweepStep, keys: list[tuple], priority: float, select: tuple[str, ...]) -> Subquery:
+    def _request(
+        self, step: SweepStep, keys: list[tuple], priority: float, select: tuple[str, ...], at_least: int | None
+    ) -> Subquery:
         relation = self.plan.relations[step.relation]
         shipped = {col: expr.Col(KEY_RELATION, f"k{i}") for i, col in enumerate(step.keys)}
         on = expr.substitute(step.on, shipped) if step.on is not None else None
@@ -385,6 +411,7 @@ class ViewChange:
             where=expr.to_wire(relation.where) if relation.where is not None else None,
             select=list(select),
             priority=priority,
+            at_least=at_least,
         )
 
 

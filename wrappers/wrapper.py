@@ -83,6 +83,7 @@ from wrappers.replica import RowChange
 from wrappers.shared_handshake import SharedHandshakes
 from wrappers.shipper import ShipError, Shipper
 from wrappers.snapshot import Snapshot
+from wrappers.standing_snapshot import STANDING_SECONDS, Lease, StandingSnapshots
 from wrappers.state import WrapperState, default_state_dir
 from wrappers.update_assembly import Assembly, ChangesOf
 
@@ -119,6 +120,7 @@ class WrapperConfig:
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     update_encoding: str = "auto"  # wrappers.shipper.UPDATE_ENCODINGS
     part_limits: PartLimits = field(default_factory=PartLimits)
+    standing_seconds: float = STANDING_SECONDS  # wrappers.standing_snapshot (0: none stands)
 
 
 class Wrapper:
@@ -158,7 +160,9 @@ class Wrapper:
         self._lock = asyncio.Lock()  # shipping
         self._capture_lock = asyncio.Lock()  # seq assignment
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
-        self._handshakes = SharedHandshakes(self._snapshot_shipped_through)
+        may_stand = self._dialect.SNAPSHOTS_MAY_STAND and config.standing_seconds > 0
+        self._standing: StandingSnapshots[Snapshot] = StandingSnapshots(config.standing_seconds if may_stand else 0)
+        self._handshakes = SharedHandshakes(self._standing_handshake)
         self._shipped_through = self.state.acked_through
         self._in_flight_through: int | None = None  # the last seq of a post of whole updates under way
         self._overtaking: asyncio.Event | None = None  # set once a subquery's post past it is done (``_overtake``)
@@ -214,6 +218,7 @@ class Wrapper:
                     pass
         if self._client is not None:
             await self._client.aclose()
+        self._standing.close()
         self.state.close()
         self.capture.close()
 
@@ -226,9 +231,12 @@ class Wrapper:
         takes the updates. Log capture reads when a transaction arrived from the log since
         the last read began, and otherwise only when ``PollPacing`` says a poll is due."""
         arrived, self._poll_now = self._poll_now, False
-        if self._log is None or arrived or self._log_pacing.due(time.monotonic()):
-            await self._capture_locked()
-        await self._ship_pending()
+        if self._log is None and self._standing.max_age > 0:
+            await self._capture_and_ship_standing()
+        else:
+            if self._log is None or arrived or self._log_pacing.due(time.monotonic()):
+                await self._capture_locked()
+            await self._ship_pending()
         if self._log is None and not self._ordered:  # the capture lock only: subqueries ship meanwhile
             async with self._capture_lock:
                 await asyncio.to_thread(self._delete_acknowledged_ids)
@@ -258,6 +266,39 @@ class Wrapper:
     async def _capture_locked(self) -> None:
         async with self._capture_lock:
             await asyncio.to_thread(self._capture_now)
+
+    async def _capture_and_ship_standing(self) -> None:
+        """A poll whose capture is a subquery's handshake: captured in an exact snapshot
+        (trigger capture reads the outbox in one anyway), shipped, and then offered to
+        answer subqueries (``wrappers.standing_snapshot``). The snapshot is closed instead
+        if shipping takes longer than a snapshot may stand (a manager that is down): a
+        source's old row versions are not held for that long."""
+        async with self._capture_lock:
+            snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture_exact)
+            watermark = self.state.last_seq
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                snapshot.close()
+
+        too_long = asyncio.get_running_loop().call_later(self._standing.max_age, close)
+        try:
+            await self._ship_pending()
+        except BaseException:
+            close()
+            raise
+        finally:
+            too_long.cancel()
+        if closed:
+            return
+        if self.state.acked_through >= watermark:
+            closed = True
+            self._standing.offer(snapshot, watermark).close()
+        else:
+            close()
 
     def _arrived(self) -> None:
         """Log capture: a transaction arrived from the log; the ship loop reads at once, or
@@ -523,12 +564,15 @@ class Wrapper:
         # one subquery evaluated at a time (q = 1): those that wait for a handshake together
         # share the next one (wrappers/shared_handshake.py); with more, each takes its own
         # snapshot, on a connection of its own, to be evaluated alongside the others
-        if self.config.max_concurrent_queries == 1:
+        standing = self._standing.lease(subquery.at_least) if subquery.at_least is not None else None
+        if standing is not None:  # a snapshot whose watermark reaches what the unit needs
+            snapshot, watermark, done = standing.snapshot, standing.watermark, standing.close
+        elif self.config.max_concurrent_queries == 1:
             shared, watermark = await self._handshakes.join()
-            snapshot, done = shared.snapshot, shared.close
+            snapshot, done = shared.snapshot.snapshot, shared.close
         else:
-            snapshot, watermark = await self._snapshot_shipped_through()
-            done = snapshot.close
+            lease, watermark = await self._standing_handshake()
+            snapshot, done = lease.snapshot, lease.close
         try:
             async with self._queries.admit(subquery.priority):
                 if self.config.query_delay_ms:
@@ -556,6 +600,12 @@ class Wrapper:
             snapshot.close()
             raise
         return snapshot, watermark
+
+    async def _standing_handshake(self, on_locked: Callable[[], None] = lambda: None) -> tuple[Lease[Snapshot], int]:
+        """A subquery's handshake (``_snapshot_shipped_through``), its snapshot offered to
+        answer later subqueries too."""
+        snapshot, watermark = await self._snapshot_shipped_through(on_locked)
+        return self._standing.offer(snapshot, watermark), watermark
 
     async def _exact_snapshot(self, on_locked: Callable[[], None] = lambda: None) -> tuple[Snapshot, int]:
         """A snapshot whose visible changes are exactly the updates through the watermark.
@@ -657,6 +707,12 @@ class Wrapper:
             "blocked": blocked,
             "shipping_error": self._shipping_error(),
             "quarantine": self._fit.quarantine.status(),
+            "standing_snapshot": {
+                "watermark": self._standing.watermark,
+                "seconds": self._standing.max_age,
+                "answers": self._standing.reused,
+                "snapshots": self._standing.offered,
+            },
             "held": {
                 "capturing": self._capturing.now,
                 "capturing_peak": self._capturing.peak,

@@ -143,6 +143,7 @@ class CaptureDialect(Protocol):
     """The dialect-specific half of a wrapper; everything else is dialect-neutral."""
 
     OUTBOX_IDS_IN_COMMIT_ORDER: bool
+    SNAPSHOTS_MAY_STAND: bool  # whether snapshots may be kept to answer later subqueries
 
     def open_engine(self, url: str) -> sa.Engine:
         """An engine whose transactions are real snapshot transactions, raising WrapperError

@@ -44,6 +44,8 @@ from wrappers.capture.common import (
 from wrappers.errors import WrapperError, masked_url
 
 OUTBOX_IDS_IN_COMMIT_ORDER = False
+# wrappers.standing_snapshot: a consistent snapshot held a second holds back InnoDB's purge that long
+SNAPSHOTS_MAY_STAND = True
 _OPS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
 _MAX_NAME = 64
 # MariaDB error codes that mean "not allowed" rather than "broken".

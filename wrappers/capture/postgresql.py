@@ -36,6 +36,8 @@ from wrappers.capture.common import (
 from wrappers.errors import WrapperError, masked_url
 
 OUTBOX_IDS_IN_COMMIT_ORDER = False
+# wrappers.standing_snapshot: a REPEATABLE READ snapshot held a second holds back vacuum that long
+SNAPSHOTS_MAY_STAND = True
 ROW_FUNCTION = "_pvm_capture"
 TRUNCATE_FUNCTION = "_pvm_capture_truncate"
 _INSUFFICIENT_PRIVILEGE = "42501"

@@ -26,6 +26,9 @@ from wrappers.errors import WrapperError, masked_url
 
 TRIGGER_PREFIX = "_pvm_"
 OUTBOX_IDS_IN_COMMIT_ORDER = True  # one writer at a time
+# wrappers.standing_snapshot: none. In WAL mode, snapshots that overlap without a gap keep the
+# WAL from ever being reset (checkpoint starvation): it would grow for as long as writes go on.
+SNAPSHOTS_MAY_STAND = False
 BUSY_TIMEOUT_S = 10.0
 # SQLite before 3.48 allows 127 function arguments: json_object takes at most 63 columns,
 # wider rows are merged from several objects.
