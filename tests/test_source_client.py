@@ -84,12 +84,52 @@ async def test_an_answer_and_what_was_sent() -> None:
     async with client_of(source, token="t" * 40) as client:
         answer = await client.subquery(request())
         assert (answer.watermark, answer.rows, answer.elapsed_ms) == (7, [[0, "x", 1]], 1.5)
-        assert source.bodies == [request().model_dump()]
+        assert source.bodies == [request().model_dump(exclude={"at_least"})]  # sent only where given
         assert source.headers[0]["authorization"] == "Bearer " + "t" * 40
         assert source.headers[0]["content-type"] == "application/json"
         assert (await client.schema())["r"].primary_key == ("k",)
         assert await client.set_interest(Interest(relations={"r": RelationInterest(columns=["k"], where=[None])})) == 12
         assert (await client.health())["pending"] == 0
+
+
+class OlderSource(FlakySource):
+    """A wrapper older than ``Subquery.at_least``: it refuses the field as it refuses any
+    unknown one (422, naming it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.app = FastAPI()
+
+        @self.app.post("/v1/subquery")
+        async def subquery(request: Request) -> JSONResponse:
+            body = json.loads(await request.body())
+            self.bodies.append(body)
+            if "at_least" in body:
+                problem = {
+                    "type": "extra_forbidden",
+                    "loc": ["body", "at_least"],
+                    "msg": "Extra inputs are not permitted",
+                }
+                return JSONResponse({"detail": f"invalid request body: {[problem]}"}, status_code=422)
+            return JSONResponse({"watermark": 7, "rows": [], "elapsed_ms": 1.0})
+
+
+async def test_a_wrapper_that_refuses_at_least_is_asked_without_it() -> None:
+    source = OlderSource()
+    async with client_of(source) as client:
+        floored = request().model_copy(update={"at_least": 4})
+        assert (await client.subquery(floored)).watermark == 7
+        assert (await client.subquery(floored)).watermark == 7
+        # refused once, then sent without it: such a wrapper answers as of now, always allowed
+        assert ["at_least" in b for b in source.bodies] == [True, False, False]
+        assert not client.takes_at_least
+
+
+async def test_at_least_goes_to_a_wrapper_that_takes_it() -> None:
+    source = FlakySource()
+    async with client_of(source) as client:
+        await client.subquery(request().model_copy(update={"at_least": 4}))
+        assert source.bodies[0]["at_least"] == 4
 
 
 async def test_server_errors_are_retried() -> None:
