@@ -156,7 +156,7 @@ class SimSource:
 
     def state_at(self, seq: int) -> dict[str, ZSet]:
         """The contents after exactly the shipped updates 1..seq."""
-        out = {t: z.copy() for t, z in self.initial.items()}
+        out = {t: self.initial[t].copy() if t in self.initial else ZSet() for t in self.tables}
         for changes in self.shipped[:seq]:
             for table, sign, row in changes:
                 out[table].add(row, sign)
