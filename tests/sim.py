@@ -51,6 +51,8 @@ class SimSource:
     past: random.Random | None = None  # half the answers with ``at_least`` come from an older state
     floor_ignored: bool = False  # broken on purpose: those answers may come from below ``at_least``
     past_answers: int = 0  # answers given in a state older than the source's current one
+    lazy_interest: bool = False  # a new interest's boundary is shipped with the next ship, as a wrapper does
+    _unsent: int = 0  # the last updates numbered but not sent yet (``lazy_interest``)
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
@@ -87,14 +89,21 @@ class SimSource:
         merged = [c for tx in self.outbox for c in tx]  # consecutive transactions: one update
         self.outbox = []
         snapshot = self.state[table].copy() if table is not None else None
+        while self._unsent:  # numbered at an interest's boundary: they go first
+            seq = len(self.shipped) - self._unsent + 1
+            self._unsent -= 1
+            await self._send(self.shipped[seq - 1], self.part_size, seq)
         if merged:
             self.shipped.append(merged)
             await self._send(merged, self.part_size)
         return snapshot
 
-    async def _send(self, merged: list[tuple[str, int, tuple]], part_size: int | None) -> list[Ack]:
-        """Send the last shipped update: whole, or in parts of ``part_size`` changes."""
-        seq = len(self.shipped)
+    async def _send(
+        self, merged: list[tuple[str, int, tuple]], part_size: int | None, seq: int | None = None
+    ) -> list[Ack]:
+        """Send shipped update ``seq`` (the last one if None): whole, or in parts of
+        ``part_size`` changes."""
+        seq = len(self.shipped) if seq is None else seq
         wire = [Change(relation=t, sign=s, row=dict(zip(self.tables[t], row))) for t, s, row in merged]
         if part_size is None:
             acks = [await self.receive(self.name, [Update(seq=seq, changes=wire)])]
@@ -126,7 +135,12 @@ class SimSource:
     async def set_interest(self, interest: Interest) -> int:
         self.interest = interest  # what the manager last asked this source to capture
         async with self._lock:
-            await self._ship_locked()
+            if not self.lazy_interest:
+                await self._ship_locked()
+            elif merged := [c for tx in self.outbox for c in tx]:  # numbered now, sent later
+                self.outbox = []
+                self.shipped.append(merged)
+                self._unsent += 1
             return len(self.shipped)
 
     async def health(self) -> dict:
@@ -141,7 +155,8 @@ class SimSource:
             if self.past is not None and q.at_least is not None and self.past.random() < 0.5:
                 # a standing snapshot: any exact state from ``at_least`` on, all of it shipped
                 assert q.at_least <= watermark, (q.at_least, watermark)
-                older = self.past.randint(0 if self.floor_ignored else q.at_least, watermark)
+                lowest = 0 if self.floor_ignored else q.at_least
+                older = lowest if self.past.random() < 0.5 else self.past.randint(lowest, watermark)  # the edge, often
                 self.past_answers += older < watermark
                 watermark, snapshot = older, self.state_at(older)[q.relation]
         if self.delays.evaluation:

@@ -621,11 +621,19 @@ class Manager:
             spill_log=spill_log,
         )
         maintainer.view_change.initial_load = self._engine_load(plan, protocol, spill_log)
-        maintainer.view_change.released_through = self.receiver.released_through
+        maintainer.view_change.floor = lambda source: self._floor(handle, source)
         handle = ViewHandle(info, plan, extractor, maintainer, None)
         default = maintainer.view_change.part_rows  # unit_parts.PART_ROWS
         handle.set_part_rows(self.unit_part_rows if self.unit_part_rows is not None else default)
         return handle
+
+    def _floor(self, handle: ViewHandle | None, source: str) -> int:
+        """The least seq of ``source`` an answer to a unit of the view starting now must
+        reflect: every update the manager has released (those ordered before the unit are
+        among them), and the view's bases, which its initial load reflects and which a
+        wrapper may not have shipped yet when the view's first units start."""
+        bases = handle.bases if handle is not None else None
+        return max(self.receiver.released_through(source), bases.get(source, 0) if bases else 0)
 
     def engine_inputs(self, plan: ViewPlan) -> tuple[LoadStore, dict[str, SnapshotSource], list[list[str]]] | None:
         """What joining the view's relations in the store's engine takes: a store that runs

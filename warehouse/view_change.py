@@ -131,10 +131,10 @@ class ViewChange:
         self.parts: PartSink | None = None  # set where a large unit's effect is stored in parts
         self.part_rows = unit_parts.PART_ROWS  # the most delta rows swept at once, with ``parts``
         self.executor: Executor | None = None  # runs a spool's file I/O (None: the loop's threads)
-        self.released_through: Callable[[str], int] | None = None
-        """Each source's seq through which the manager has released its updates (the
-        receiver's); None: subqueries carry no ``at_least``, answered in a snapshot taken
-        after they arrive."""
+        self.floor: Callable[[str], int] | None = None
+        """Each source's seq that every answer to a unit starting now must reflect (the
+        updates the manager has released, and the view's bases); None: subqueries carry no
+        ``at_least``, and are answered in a snapshot taken after they arrive."""
         self._floors: dict[int, dict[str, int]] = {}  # by unit order, while it runs
 
     @property
@@ -153,8 +153,8 @@ class ViewChange:
         if unit.initial and self.initial_load is not None:
             effect, stats.compensations, stats.compensations_from_log = await self.initial_load.run(unit)
             return effect, stats
-        if not unit.initial and self.released_through is not None:
-            self._floors[unit.order] = {s: self.released_through(s) for s in self.plan.sources}
+        if not unit.initial and self.floor is not None:
+            self._floors[unit.order] = {s: self.floor(s) for s in self.plan.sources}
         try:
             return await self._run(unit, again, stats)
         finally:
@@ -387,9 +387,10 @@ class ViewChange:
     ) -> SubqueryAnswer:
         relation = self.plan.relations[step.relation]
         started = time.perf_counter()
-        # Every update ordered before the unit was released before it started: an answer
-        # whose watermark reaches the source's released seq of then reflects all of them,
-        # and compensation subtracts what it reflects of the later ones (docs/protocol.md).
+        # Every update ordered before the unit was released before it started, or is in
+        # the view's bases: an answer whose watermark reaches the floor of then reflects
+        # all of them, and compensation subtracts what it reflects of the later ones
+        # (docs/protocol.md, "Answers from a standing snapshot").
         floor = self._floors.get(unit.order, {}).get(relation.source)
         request = self._request(step, keys, priority, select, floor)
         answer = await self.sources[relation.source].subquery(request)
