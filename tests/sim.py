@@ -48,7 +48,7 @@ class SimSource:
     receive: object = None  # async (source, [Update]) -> Ack, set once the manager exists
     trace: list[tuple] | None = None  # shared by a schedule's sources: (time, source, relation, keys, watermark)
     part_size: int | None = None  # ship every update in parts of this many changes (None: whole)
-    past: random.Random | None = None  # half the answers with ``at_least`` come from an older state
+    past: random.Random | None = None  # half the answers with ``at_least`` come from an older state (the oracle's)
     floor_ignored: bool = False  # broken on purpose: those answers may come from below ``at_least``
     past_answers: int = 0  # answers given in a state older than the source's current one
     lazy_interest: bool = False  # a new interest's boundary is shipped with the next ship, as a wrapper does
@@ -260,9 +260,7 @@ async def start_sim_manager(
 
     rng = random.Random(seed)
     sources = sources or {
-        name: SimSource(
-            name, t, random.Random(rng.random()), delays or Delays(), trace=trace, past=random.Random(f"{seed}-{name}")
-        )
+        name: SimSource(name, t, random.Random(rng.random()), delays or Delays(), trace=trace)
         for name, t in tables.items()
     }
     for s in sources.values():

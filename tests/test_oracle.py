@@ -246,6 +246,7 @@ async def run_schedule(
     load_random(sources.values(), rng)
     for source in sources.values():
         source.part_size = part_size
+        source.past = random.Random(f"{seed}-{source.name}")  # answers from a standing snapshot too
         source.floor_ignored = floor_ignored
         source.lazy_interest = lazy_interest
 
