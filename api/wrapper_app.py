@@ -85,6 +85,15 @@ class Held(BaseModel):
     part_bytes: int = Field(description="the most bytes of changes as JSON per part and per post (--part-bytes)")
 
 
+class StandingSnapshot(BaseModel):
+    """The snapshot the wrapper keeps to answer subqueries (wrappers/standing_snapshot.py)."""
+
+    watermark: int | None = Field(description="the standing snapshot's watermark (null: none stands now)")
+    seconds: float = Field(description="how long one stands at most (--standing-snapshot-seconds; 0 for SQLite)")
+    answers: int = Field(description="subqueries answered in a standing snapshot since the wrapper started")
+    snapshots: int = Field(description="snapshots that stood since the wrapper started")
+
+
 class Health(BaseModel):
     ok: bool = Field(description="false while a loop is blocked or has stopped")
     source: str
@@ -105,11 +114,7 @@ class Health(BaseModel):
     )
     quarantine: Quarantine = Field(default_factory=Quarantine)
     held: Held
-    standing_snapshot: dict[str, Any] = Field(
-        default_factory=dict,
-        description="the snapshot kept to answer subqueries (wrappers/standing_snapshot.py): its watermark "
-        "(null: none stands), how long one stands, the subqueries answered in one and the snapshots that stood",
-    )
+    standing_snapshot: StandingSnapshot
 
 
 class ColumnInfo(BaseModel):

@@ -236,3 +236,55 @@ def test_crash_and_manager_outage_lose_nothing(source: tuple[str, list[str]], tm
     engine.dispose()
     assert [u.seq for u in updates] == list(range(1, last + 1))
     assert replay(ZSet.from_rows(INITIAL), updates) == contents(url)
+
+
+def test_a_poll_holds_no_snapshot_while_the_manager_is_down(maria_url: str, tmp_path: Path) -> None:
+    """With trigger capture every poll reads in an exact snapshot and offers it once the
+    manager holds what it shipped. While the manager is down the poll's shipping retries,
+    and its snapshot is closed after the time a snapshot may stand: MariaDB then has no
+    transaction of the wrapper's open (its purge is not held back by the outage). Once the
+    manager is back, a poll's snapshot stands again, at the last seq."""
+    run_sql(maria_url, R_DDL)
+    database = maria_url.rsplit("/", 1)[1]
+
+    def health(url: str) -> dict:
+        return httpx.get(f"{url}/v1/health", timeout=10).json()
+
+    def open_transactions() -> int:
+        engine = sa.create_engine(maria_url)
+        try:
+            with engine.connect() as conn:
+                return int(
+                    conn.execute(
+                        sa.text(
+                            "SELECT COUNT(*) FROM information_schema.innodb_trx t JOIN information_schema.processlist p "
+                            "ON p.id = t.trx_mysql_thread_id WHERE p.db = :db"
+                        ),
+                        {"db": database},
+                    ).scalar_one()
+                )
+        finally:
+            engine.dispose()
+
+    def wait_for(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+
+    with FakeManager(token=TOKEN) as manager, start((maria_url, []), manager, tmp_path, poll_interval=0.02) as wrapper:
+        run_sql(maria_url, "INSERT INTO r VALUES (1, 1, 'a')")
+        wait_for(lambda: (h := health(wrapper.url))["last_seq"] >= 1 and h["standing_snapshot"]["watermark"] == 1)
+        assert open_transactions() >= 1  # the standing snapshot
+
+        manager.down = True
+        run_sql(maria_url, "INSERT INTO r VALUES (2, 2, 'b')")
+        wait_for(lambda: health(wrapper.url)["last_seq"] == 2)
+        time.sleep(1.5)  # past STANDING_SECONDS: the standing one retired, the poll's closed
+        stuck = health(wrapper.url)
+        assert stuck["acked_through"] == 1 and stuck["standing_snapshot"]["watermark"] is None
+        assert open_transactions() == 0
+
+        manager.down = False
+        wait_for(lambda: health(wrapper.url)["standing_snapshot"]["watermark"] == 2)
+    assert [u.seq for u in manager.updates(SOURCE)] == [1, 2]

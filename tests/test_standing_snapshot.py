@@ -46,13 +46,29 @@ def test_the_newest_stands_and_each_closes_once_when_unused() -> None:
 def test_a_snapshot_stands_for_max_age_at_most() -> None:
     async def run() -> None:
         closed: list[str] = []
-        now = [0.0]
-        standing = StandingSnapshots[Tracked](max_age=0.05, clock=lambda: now[0])
+        standing = StandingSnapshots[Tracked](max_age=0.05)
         standing.offer(Tracked("a", closed), 5).close()
-        now[0] = 0.06  # past its age: not leased, though not closed yet
-        assert standing.lease(1) is None
+        assert standing.watermark == 5
         await asyncio.sleep(0.1)  # its timer retires and closes it
-        assert closed == ["a"] and standing.watermark is None
+        assert closed == ["a"] and standing.watermark is None and standing.lease(1) is None
+
+    asyncio.run(run())
+
+
+def test_a_polls_snapshot_stands_only_once_acknowledged_and_in_time() -> None:
+    async def run() -> None:
+        closed: list[str] = []
+        standing = StandingSnapshots[Tracked](max_age=0.05)
+        standing.shipping(Tracked("acked", closed), 5).stand(acked_through=5)
+        assert standing.watermark == 5 and closed == []
+        standing.shipping(Tracked("not acked", closed), 7).stand(acked_through=6)
+        assert standing.watermark == 5 and closed == ["not acked"]
+        slow = standing.shipping(Tracked("slow", closed), 9)
+        await asyncio.sleep(0.1)  # shipping took longer than a snapshot may stand
+        assert "slow" in closed  # closed while shipping: the source's old rows are not held
+        slow.stand(acked_through=9)
+        assert standing.watermark is None  # "acked" expired meanwhile, "slow" never stood
+        assert sorted(closed) == ["acked", "not acked", "slow"]
 
     asyncio.run(run())
 

@@ -131,21 +131,22 @@ class HttpSourceClient:
         }
 
     async def subquery(self, request: Subquery) -> SubqueryAnswer:
-        """The wrapper's answer. ``at_least`` goes only where given, and to a wrapper that
-        refused it once (one older than it: its 422 names the field) no more: such a
-        wrapper answers in a snapshot taken after the request, which is always allowed."""
-        if request.at_least is not None and self.takes_at_least:
-            try:
-                return SubqueryAnswer.model_validate_json(
-                    await self._call("POST", "/v1/subquery", request.model_dump_json())
-                )
-            except SourceError as exc:
-                if "at_least" not in str(exc) or isinstance(exc, _ServerFailed):
-                    raise
-                self.takes_at_least = False
-                log.warning("source %r does not take at_least (an older wrapper): answers come as of now", self.name)
-        body = request.model_dump_json(exclude={"at_least"})
-        return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", body))
+        """The wrapper's answer. ``at_least`` goes only where given, and no more to a wrapper
+        that refused it once (one older than it: its 422 names the field): such a wrapper
+        answers in a snapshot taken after the request, which is always allowed."""
+        if request.at_least is None or not self.takes_at_least:
+            body = request.model_dump_json(exclude={"at_least"})
+            return SubqueryAnswer.model_validate_json(await self._call("POST", "/v1/subquery", body))
+        try:
+            return SubqueryAnswer.model_validate_json(
+                await self._call("POST", "/v1/subquery", request.model_dump_json())
+            )
+        except SourceError as exc:
+            if isinstance(exc, _ServerFailed) or "at_least" not in str(exc):
+                raise
+            self.takes_at_least = False
+            log.warning("source %r does not take at_least (an older wrapper): answers come as of now", self.name)
+            return await self.subquery(request)
 
     @contextmanager
     def open_snapshot(self, request: RelationSnapshot) -> Iterator[Readable]:

@@ -9,11 +9,11 @@ that is (``Subquery.at_least``, docs/protocol.md "Answers from a standing snapsh
 subtracts what the answer reflects of the later ones, as always.
 
 So the wrapper keeps the newest snapshot whose handshake is done, from a poll (which
-captures in an exact snapshot and ships) or a subquery, for ``max_age`` seconds, and answers
-every subquery whose ``at_least`` it reaches in it, at the cost of the SQL alone. A newer
-snapshot takes its place; one that is replaced or too old is closed once the subqueries
-reading in it are done. Subqueries that share it evaluate one after the other on its
-thread, as the members of a shared handshake do.
+captures in an exact snapshot and ships: ``shipping``) or a subquery (``offer``), for
+``max_age`` seconds, and answers every subquery whose ``at_least`` it reaches in it, at the
+cost of the SQL alone. A newer snapshot takes its place; one that is replaced or too old is
+closed once the subqueries reading in it are done. Subqueries that share it evaluate one
+after the other on its thread, as the members of a shared handshake do.
 
 >>> async def demo():
 ...     standing = StandingSnapshots(max_age=60)
@@ -36,8 +36,6 @@ thread, as the members of a shared handshake do.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 STANDING_SECONDS = 1.0
@@ -56,10 +54,9 @@ S = TypeVar("S", bound=Closable)
 class _Held(Generic[S]):
     """One snapshot, its watermark, and how many leases read in it."""
 
-    def __init__(self, snapshot: S, watermark: int, since: float) -> None:
+    def __init__(self, snapshot: S, watermark: int) -> None:
         self.snapshot = snapshot
         self.watermark = watermark
-        self.since = since
         self.leases = 0
         self.retired = False  # no new leases: replaced, too old, or never standing
 
@@ -88,14 +85,40 @@ class Lease(Generic[S]):
             held.release()
 
 
+class Shipping(Generic[S]):
+    """A poll's snapshot while what it captured is shipped: ``stand`` once shipping is done
+    (it stands if the manager acknowledged through its watermark, else it closes), or
+    ``close``. Closed by itself if shipping takes longer than a snapshot may stand (a
+    manager that is down), so that the source's old row versions are not held that long."""
+
+    def __init__(self, owner: StandingSnapshots[S], snapshot: S, watermark: int) -> None:
+        self._owner = owner
+        self._snapshot: S | None = snapshot
+        self.watermark = watermark
+        self._timer = asyncio.get_running_loop().call_later(owner.max_age, self.close)
+
+    def stand(self, acked_through: int) -> None:
+        if self._snapshot is not None and acked_through >= self.watermark:
+            snapshot, self._snapshot = self._snapshot, None
+            self._timer.cancel()
+            self._owner.offer(snapshot, self.watermark).close()
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self._timer.cancel()
+        if self._snapshot is not None:
+            snapshot, self._snapshot = self._snapshot, None
+            snapshot.close()
+
+
 class StandingSnapshots(Generic[S]):
     """Keeps the newest snapshot ``offer``ed (every update through its watermark
-    acknowledged) for ``max_age`` seconds (0: none stands); ``lease`` answers in it.
-    Event-loop only."""
+    acknowledged) for ``max_age`` seconds (0: none stands; a timer on the event loop
+    retires it); ``lease`` answers in it. Event-loop only."""
 
-    def __init__(self, max_age: float = STANDING_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_age: float = STANDING_SECONDS) -> None:
         self.max_age = max_age
-        self._clock = clock
         self._current: _Held[S] | None = None
         self.reused = 0  # subqueries answered in a standing snapshot
         self.offered = 0  # snapshots that stood
@@ -104,7 +127,7 @@ class StandingSnapshots(Generic[S]):
         """``snapshot``, exact at ``watermark``, whose updates through it are acknowledged:
         it stands if it is the newest. A lease for the caller, who reads in it (or closes it
         at once)."""
-        held = _Held(snapshot, watermark, self._clock())
+        held = _Held(snapshot, watermark)
         current = self._current
         if self.max_age <= 0 or (current is not None and current.watermark > watermark):
             held.retired = True  # none stand; or an older handshake finished after a newer one
@@ -115,11 +138,15 @@ class StandingSnapshots(Generic[S]):
             asyncio.get_running_loop().call_later(self.max_age, self._expire, held)
         return Lease(held)
 
+    def shipping(self, snapshot: S, watermark: int) -> Shipping[S]:
+        """``snapshot``, exact at ``watermark``, while the updates through it are shipped."""
+        return Shipping(self, snapshot, watermark)
+
     def lease(self, at_least: int) -> Lease[S] | None:
         """A lease on the standing snapshot if its watermark reaches ``at_least`` (None:
         none does; the subquery takes a handshake of its own)."""
         current = self._current
-        if current is None or current.watermark < at_least or self._clock() - current.since > self.max_age:
+        if current is None or current.watermark < at_least:
             return None
         self.reused += 1
         return Lease(current)

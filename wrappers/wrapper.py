@@ -160,8 +160,8 @@ class Wrapper:
         self._lock = asyncio.Lock()  # shipping
         self._capture_lock = asyncio.Lock()  # seq assignment
         self._queries = PriorityLimiter(config.max_concurrent_queries)  # q, oldest unit first
-        may_stand = self._dialect.SNAPSHOTS_MAY_STAND and config.standing_seconds > 0
-        self._standing: StandingSnapshots[Snapshot] = StandingSnapshots(config.standing_seconds if may_stand else 0)
+        standing_seconds = config.standing_seconds if self._dialect.SNAPSHOTS_MAY_STAND else 0
+        self._standing: StandingSnapshots[Snapshot] = StandingSnapshots(standing_seconds)
         self._handshakes = SharedHandshakes(self._standing_handshake)
         self._shipped_through = self.state.acked_through
         self._in_flight_through: int | None = None  # the last seq of a post of whole updates under way
@@ -270,35 +270,16 @@ class Wrapper:
     async def _capture_and_ship_standing(self) -> None:
         """A poll whose capture is a subquery's handshake: captured in an exact snapshot
         (trigger capture reads the outbox in one anyway), shipped, and then offered to
-        answer subqueries (``wrappers.standing_snapshot``). The snapshot is closed instead
-        if shipping takes longer than a snapshot may stand (a manager that is down): a
-        source's old row versions are not held for that long."""
+        answer subqueries (``wrappers.standing_snapshot``)."""
         async with self._capture_lock:
             snapshot = await Snapshot.open(self._dialect, self.engine, then=self._capture_exact)
-            watermark = self.state.last_seq
-        closed = False
-
-        def close() -> None:
-            nonlocal closed
-            if not closed:
-                closed = True
-                snapshot.close()
-
-        too_long = asyncio.get_running_loop().call_later(self._standing.max_age, close)
+            shipping = self._standing.shipping(snapshot, self.state.last_seq)
         try:
             await self._ship_pending()
         except BaseException:
-            close()
+            shipping.close()
             raise
-        finally:
-            too_long.cancel()
-        if closed:
-            return
-        if self.state.acked_through >= watermark:
-            closed = True
-            self._standing.offer(snapshot, watermark).close()
-        else:
-            close()
+        shipping.stand(self.state.acked_through)
 
     def _arrived(self) -> None:
         """Log capture: a transaction arrived from the log; the ship loop reads at once, or
@@ -561,9 +542,10 @@ class Wrapper:
         prepared = query.prepare(
             subquery, self.schema, self.engine.dialect.name, self.config.max_value_bytes, self.capture.replica is None
         )
-        # one subquery evaluated at a time (q = 1): those that wait for a handshake together
-        # share the next one (wrappers/shared_handshake.py); with more, each takes its own
-        # snapshot, on a connection of its own, to be evaluated alongside the others
+        # in the standing snapshot if it reaches what the unit needs; else one subquery
+        # evaluated at a time (q = 1): those that wait for a handshake together share the
+        # next one (wrappers/shared_handshake.py); with more, each takes its own snapshot, on
+        # a connection of its own, to be evaluated alongside the others
         standing = self._standing.lease(subquery.at_least) if subquery.at_least is not None else None
         if standing is not None:  # a snapshot whose watermark reaches what the unit needs
             snapshot, watermark, done = standing.snapshot, standing.watermark, standing.close
