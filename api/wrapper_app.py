@@ -88,10 +88,10 @@ class Held(BaseModel):
 class StandingSnapshot(BaseModel):
     """The snapshot the wrapper keeps to answer subqueries (wrappers/standing_snapshot.py)."""
 
-    watermark: int | None = Field(description="the standing snapshot's watermark (null: none stands now)")
-    seconds: float = Field(description="how long one stands at most (--standing-snapshot-seconds; 0 for SQLite)")
-    answers: int = Field(description="subqueries answered in a standing snapshot since the wrapper started")
-    snapshots: int = Field(description="snapshots that stood since the wrapper started")
+    watermark: int | None = Field(default=None, description="the standing snapshot's watermark (null: none stands)")
+    seconds: float = Field(default=0.0, description="how long one stands at most (--standing-snapshot-seconds)")
+    answers: int = Field(default=0, description="subqueries answered in a standing snapshot since the wrapper started")
+    snapshots: int = Field(default=0, description="snapshots that stood since the wrapper started")
 
 
 class Health(BaseModel):
@@ -114,7 +114,7 @@ class Health(BaseModel):
     )
     quarantine: Quarantine = Field(default_factory=Quarantine)
     held: Held
-    standing_snapshot: StandingSnapshot
+    standing_snapshot: StandingSnapshot = Field(default_factory=StandingSnapshot)  # absent: none, as before it
 
 
 class ColumnInfo(BaseModel):
